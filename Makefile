@@ -1,0 +1,31 @@
+# Two commands do all the set-up on a fresh machine:  make demo  |  make test
+PYTHON ?= python3
+VENV ?= .venv
+# The CPU build of PyTorch that lies on local disk here. Bring your own (CUDA) build with
+#   make demo TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu126"
+# or TORCH_SPEC=none to keep whatever torch the venv already has.
+TORCH_SPEC ?= torch==2.13.0
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: setup demo test smoke clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	@if [ "$(TORCH_SPEC)" != "none" ]; then $(BIN)/pip install -q --disable-pip-version-check $(TORCH_SPEC); fi
+	$(BIN)/pip install -q --disable-pip-version-check -e '.[dev]'
+	@touch $@
+
+demo: setup
+	$(BIN)/tempering train configs/tiny-code.yaml
+
+smoke: setup
+	$(BIN)/tempering train configs/smoke.yaml run.dir=runs/smoke
+
+test: setup
+	$(BIN)/pytest -q
+
+clean:
+	rm -rf runs .pytest_cache

@@ -1,0 +1,32 @@
+"""Pure math of RL post-training: advantage estimators, policy losses, KL estimators, masked reductions.
+
+Torch only: no models, configs, I/O or Ray. Shapes use B = sequences, T = response tokens, G = group size.
+"""
+
+from collections.abc import Callable, Mapping
+from typing import TypeVar
+
+from tempering.algos.advantages import ADVANTAGE_ESTIMATORS, grpo, grpo_advantages, group_mean_std
+from tempering.algos.kl import KL_ESTIMATORS, kl_k1, kl_k2, kl_k3
+from tempering.algos.losses import LOSS_AGGREGATIONS, POLICY_LOSSES, ppo_clip_loss, token_mean
+from tempering.algos.masked import masked_mean, masked_sum, masked_var, masked_whiten
+
+F = TypeVar("F", bound=Callable)
+
+
+def lookup(registry: Mapping[str, F], name: str, what: str) -> F:
+    """registry[name], or a ValueError listing the valid names. `pkg.module:function` loads user code."""
+    if name in registry:
+        return registry[name]
+    if ":" in name:
+        from tempering.registry import load_callable
+
+        return load_callable(name, what)
+    raise ValueError(f"unknown {what} '{name}'; valid: {', '.join(registry)} (or 'package.module:function')")
+
+
+__all__ = [
+    "ADVANTAGE_ESTIMATORS", "KL_ESTIMATORS", "LOSS_AGGREGATIONS", "POLICY_LOSSES", "grpo", "grpo_advantages",
+    "group_mean_std", "kl_k1", "kl_k2", "kl_k3", "lookup", "masked_mean", "masked_sum", "masked_var",
+    "masked_whiten", "ppo_clip_loss", "token_mean",
+]

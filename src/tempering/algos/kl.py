@@ -1,0 +1,33 @@
+"""Per-token KL estimators between the policy and a reference, from log-probs of the sampled tokens.
+
+Schulman, "Approximating KL Divergence" (2020, http://joschu.net/blog/kl-approx.html). With
+log_ratio = logprobs - ref_logprobs for tokens sampled from the policy:
+  k1 = log_ratio                      unbiased, high variance, can be negative
+  k2 = log_ratio**2 / 2               biased, low variance
+  k3 = exp(-log_ratio) - 1 + log_ratio  unbiased, low variance, always >= 0 (GRPO's choice)
+All take (B, T) tensors and return (B, T).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+
+def kl_k1(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+    return logprobs - ref_logprobs
+
+
+def kl_k2(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+    return 0.5 * (logprobs - ref_logprobs) ** 2
+
+
+def kl_k3(logprobs: Tensor, ref_logprobs: Tensor, clamp: float = 20.0) -> Tensor:
+    # Clamp the log-ratio before exp so a single far-off token cannot overflow (verl does the same).
+    log_ratio = (ref_logprobs - logprobs).clamp(-clamp, clamp)
+    return torch.exp(log_ratio) - 1 - log_ratio
+
+
+KL_ESTIMATORS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}

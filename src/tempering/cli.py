@@ -1,0 +1,225 @@
+"""The `tempering` command.
+
+    tempering train CONFIG.yaml [key.path=value ...]     run (or resume) the recipe
+    tempering sft CONFIG.yaml [key.path=value ...]       only the supervised warm-up
+    tempering eval MODEL_OR_CHECKPOINT --tasks FILE      pass@k on a task file
+    tempering data generate --out DIR                    write the built-in task splits
+    tempering sandbox run FILE [--json]                  execute one program in the sandbox
+    tempering report RUN_DIR                             print a run's summary
+
+Bad input ends with one line `error: ...` and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from tempering.errors import TemperingError
+
+
+def _config(args: argparse.Namespace):
+    from tempering.config import load_config
+
+    return load_config(args.config, args.overrides)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from tempering.pipeline import train
+
+    summary = train(_config(args))
+    print(json.dumps({k: v for k, v in summary.items() if not k.startswith("per_domain")}, indent=1))
+    return 0
+
+
+def cmd_sft(args: argparse.Namespace) -> int:
+    from tempering.pipeline import base_model_dir, prepare, sft_stage
+
+    ws = prepare(_config(args))
+    out = sft_stage(ws, base_model_dir(ws))
+    ws.log(f"SFT model: {out}")
+    return 0
+
+
+def _resolve_model_dir(path: Path) -> Path:
+    """A model directory, a checkpoint directory (model/ inside), or a run directory (its final model)."""
+    from tempering import checkpoint as ckpt
+
+    if (path / "config.json").is_file():
+        return path
+    if (path / "MANIFEST.json").is_file():
+        return ckpt.require(path).model_dir
+    if (path / "checkpoints").is_dir():
+        latest, _ = ckpt.find_latest(path / "checkpoints")
+        if latest:
+            return latest.model_dir
+    return path  # let the loader produce the error message
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from tempering.data import load_tasks
+    from tempering.eval.evaluate import evaluate
+    from tempering.models.loading import check_model_dir, load_model, load_tokenizer
+    from tempering.sandbox import LocalSandbox
+
+    import torch
+
+    model_dir = check_model_dir(_resolve_model_dir(Path(args.model)))
+    tasks = load_tasks(args.tasks)
+    try:
+        ks = tuple(sorted({int(k) for k in args.k.split(",")}))
+    except ValueError:
+        raise TemperingError(f"--k '{args.k}' is not a comma-separated list of integers") from None
+    if max(ks) > args.samples and not args.greedy:
+        raise TemperingError(f"--k {max(ks)} needs --samples >= {max(ks)}")
+    torch.set_num_threads(args.threads)
+    model = load_model(model_dir)
+    tokenizer = load_tokenizer(model_dir)
+    with LocalSandbox(workers=2) as sandbox:
+        report = evaluate(model, tokenizer, tasks, sandbox, samples=args.samples, ks=ks,
+                          temperature=args.temperature, greedy=args.greedy, max_new_tokens=args.max_new_tokens,
+                          seed=args.seed)
+    console = Console()
+    table = Table(title=f"{model_dir}  ({report.num_tasks} tasks, "
+                        f"{'greedy' if args.greedy else f'{report.samples} samples at T={args.temperature}'})")
+    table.add_column("domain")
+    table.add_column("tasks", justify="right")
+    metric_names = list(report.overall)
+    for name in metric_names:
+        table.add_column(name, justify="right")
+    for domain, scores in report.per_domain.items():
+        table.add_row(domain, str(report.domain_tasks[domain]), *(f"{scores[n]:.1%}" for n in metric_names))
+    table.add_row("[bold]all", str(report.num_tasks), *(f"{report.overall[n]:.1%}" for n in metric_names))
+    console.print(table)
+    out = Path(args.out) if args.out else None
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({"model": str(model_dir), "tasks": str(args.tasks), **report.to_json()}, indent=1))
+        console.print(f"wrote {out}")
+    return 0
+
+
+def cmd_data_generate(args: argparse.Namespace) -> int:
+    from tempering.data import generate_tasks, save_tasks
+
+    train, heldout = generate_tasks(args.num_train, args.num_heldout, args.seed)
+    out = Path(args.out)
+    save_tasks(train, out / "train.jsonl")
+    save_tasks(heldout, out / "heldout.jsonl")
+    print(f"wrote {len(train)} training and {len(heldout)} held-out tasks to {out}")
+    return 0
+
+
+def cmd_sandbox_run(args: argparse.Namespace) -> int:
+    from tempering.sandbox import LocalSandbox
+
+    path = Path(args.file)
+    if not path.is_file():
+        raise TemperingError(f"program file '{path}' does not exist")
+    stdin = Path(args.stdin).read_text() if args.stdin else None
+    with LocalSandbox(workers=1) as sandbox:
+        result = sandbox.run(path.read_text(), language=args.lang, stdin=stdin, timeout_s=args.timeout,
+                             memory_mb=args.memory_mb)
+    if args.json:
+        print(json.dumps(result.to_json(), indent=1))
+    else:
+        sys.stdout.write(result.stdout)
+        sys.stderr.write(result.stderr)
+        print(f"[{result.status}] exit={result.exit_code} wall={result.wall_time_s:.3f}s cpu={result.cpu_time_s:.3f}s",
+              file=sys.stderr)
+    return 0 if result.status == "ok" else 1
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from tempering.pipeline import print_summary
+
+    path = Path(args.run_dir) / "summary.json"
+    if not path.is_file():
+        raise TemperingError(f"'{path}' does not exist (has the run finished?)")
+    print_summary(Console(), json.loads(path.read_text()))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tempering", description="RL post-training with execution feedback")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    for name, fn, text in (("train", cmd_train, "run (or resume) a recipe: SFT warm-up, RL, evaluation"),
+                           ("sft", cmd_sft, "run only the supervised warm-up of a recipe")):
+        p = sub.add_parser(name, help=text, description=text)
+        p.add_argument("config", help="recipe YAML, or a run directory (uses its config.yaml)")
+        p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. algo.lr=1e-4 run.dir=runs/x")
+        p.set_defaults(fn=fn)
+
+    p = sub.add_parser("eval", help="pass@k of a model or checkpoint on a task file")
+    p.add_argument("model", help="HF model directory, checkpoint directory, or run directory")
+    p.add_argument("--tasks", required=True, help="JSONL task file")
+    p.add_argument("--samples", type=int, default=1, help="samples per task")
+    p.add_argument("--k", default="1", help="comma-separated k values, e.g. 1,5")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--greedy", action="store_true", help="greedy decoding (one sample)")
+    p.add_argument("--max-new-tokens", type=int, default=48)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--out", help="write the report as JSON here")
+    p.set_defaults(fn=cmd_eval)
+
+    data = sub.add_parser("data", help="task data").add_subparsers(dest="data_command", required=True)
+    p = data.add_parser("generate", help="write the built-in train/held-out task files")
+    p.add_argument("--out", required=True)
+    p.add_argument("--num-train", type=int, default=20000)
+    p.add_argument("--num-heldout", type=int, default=512)
+    p.add_argument("--seed", type=int, default=1234)
+    p.set_defaults(fn=cmd_data_generate)
+
+    sandbox = sub.add_parser("sandbox", help="sandboxed execution").add_subparsers(dest="sandbox_command",
+                                                                                 required=True)
+    p = sandbox.add_parser("run", help="run one program and print what it did")
+    p.add_argument("file")
+    p.add_argument("--lang", default="python")
+    p.add_argument("--timeout", type=float, default=None, help="wall-clock limit in seconds")
+    p.add_argument("--memory-mb", type=int, default=None)
+    p.add_argument("--stdin", help="file to feed on standard input")
+    p.add_argument("--json", action="store_true", help="print the ExecResult as JSON")
+    p.set_defaults(fn=cmd_sandbox_run)
+
+    p = sub.add_parser("report", help="print the summary of a finished run")
+    p.add_argument("run_dir")
+    p.set_defaults(fn=cmd_report)
+    return parser
+
+
+def _quiet_libraries() -> None:
+    """No hub look-ups (models are local) and no per-file progress bars from transformers."""
+    import os
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    _quiet_libraries()
+    try:
+        return args.fn(args)
+    except TemperingError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,327 @@
+"""Typed run configuration: YAML file + dotted `key.path=value` overrides -> `RunConfig`.
+
+Every field carries a one-line doc (the docstring under it). Unknown keys and wrong types are errors that
+name the key; an unknown key also lists the valid ones at that level.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+
+from tempering.errors import ConfigError
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
+
+
+class RunSection(Section):
+    dir: str = "runs/tiny-code"
+    """Run directory: config, metrics, samples, checkpoints, summary. Re-running on it resumes."""
+    seed: int = 0
+    """Seeds every random choice of the run (task sampling, generation, minibatch order)."""
+    threads: int = 2
+    """torch intra-op threads; resume-identical numbers need the same value as the original run."""
+    device: str = "cpu"
+    """torch device for the policy (`cpu`, `cuda`, `cuda:1`)."""
+
+
+class ModelSection(Section):
+    path: str | None = None
+    """Local Hugging Face causal-LM directory; unset = build the tiny default model and tokenizer."""
+    hidden_size: int = 192
+    """Tiny model: width."""
+    num_layers: int = 4
+    """Tiny model: transformer blocks."""
+    num_heads: int = 4
+    """Tiny model: attention heads."""
+    intermediate_size: int = 512
+    """Tiny model: MLP width."""
+    vocab_size: int = 1024
+    """Tiny model: size of the BPE vocabulary trained on the training tasks."""
+    max_length: int = 256
+    """Tiny model: maximum sequence length (positions)."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Parameter dtype when loading `path`."""
+
+
+class DataSection(Section):
+    train_file: str | None = None
+    """JSONL task file for training; unset = the built-in generator."""
+    heldout_file: str | None = None
+    """JSONL task file for held-out evaluation; unset = the built-in generator's held-out split."""
+    domains: list[str] | None = None
+    """Built-in generator: domains to use (unset = all)."""
+    num_train: int = 20000
+    """Built-in generator: training tasks."""
+    num_heldout: int = 512
+    """Built-in generator: held-out tasks (functions never seen in training)."""
+    seed: int = 1234
+    """Built-in generator: seed of the task generator and of the train/held-out split."""
+
+
+class SFTSection(Section):
+    steps: int = 300
+    """Supervised warm-up steps on reference solutions of training tasks (0 = skip)."""
+    batch_size: int = 64
+    """Sequences per SFT step."""
+    lr: float = 1e-3
+    """Peak learning rate."""
+    warmup_steps: int = 20
+    """Linear warm-up steps."""
+    schedule: Literal["constant", "cosine"] = "constant"
+    """Learning-rate shape after warm-up."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+
+
+class RolloutSection(Section):
+    prompts_per_step: int = 16
+    """Tasks per RL step."""
+    group_size: int = 8
+    """Samples per task (the group of GRPO)."""
+    temperature: float = 1.0
+    """Sampling temperature (also applied to the training log-probs, as in verl)."""
+    top_p: float = 1.0
+    """Nucleus sampling threshold (1.0 = off)."""
+    max_new_tokens: int = 48
+    """Longest completion; longer ones are cut and marked truncated."""
+
+
+class AlgoSection(Section):
+    estimator: str = "grpo"
+    """Advantage estimator (see `tempering.algos.ADVANTAGE_ESTIMATORS`)."""
+    scale_by_std: bool = True
+    """GRPO: divide by the group's std (False = Dr. GRPO)."""
+    policy_loss: str = "ppo_clip"
+    """Policy loss (see `tempering.algos.POLICY_LOSSES`)."""
+    loss_agg: str = "token-mean"
+    """How token losses are reduced to a scalar."""
+    lr: float = 1e-4
+    """Policy learning rate."""
+    warmup_steps: int = 10
+    """Linear learning-rate warm-up, in RL steps."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    clip_ratio: float = 0.2
+    """PPO clip range epsilon."""
+    ppo_epochs: int = 1
+    """Passes over each rollout batch."""
+    minibatches: int = 2
+    """Optimizer steps per epoch (the batch is split into this many minibatches)."""
+    kl_coef: float = 0.0
+    """Weight of the KL-to-reference loss term (k3 estimator); 0 skips the reference model."""
+    entropy_coef: float = 0.0
+    """Weight of the entropy bonus."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping threshold."""
+
+
+class RewardSection(Section):
+    weights: dict[str, float] = {"tests": 1.0, "format": 0.1}
+    """Reward components and their weights (see `tempering.rewards.REWARD_COMPONENTS`)."""
+
+
+class SandboxSection(Section):
+    timeout_s: float = 2.0
+    """Wall-clock limit per execution."""
+    cpu_s: float = 2.0
+    """CPU-time limit per execution."""
+    memory_mb: int = 256
+    """Address-space limit per execution, on top of the interpreter's own."""
+    max_output_bytes: int = 65536
+    """stdout/stderr kept per stream; a program that writes more is stopped (output_limit)."""
+    workers: int = 2
+    """Warm worker processes (executions run in parallel across them)."""
+    python: str | None = None
+    """Interpreter that runs programs; unset = the system python3, else the current one."""
+
+
+class TrainSection(Section):
+    steps: int = 150
+    """RL steps."""
+
+
+class CheckpointSection(Section):
+    every: int = 25
+    """Save every N RL steps (and at the end)."""
+    keep: int = 2
+    """Keep the newest K checkpoints."""
+
+
+class EvalSection(Section):
+    every: int = 25
+    """Held-out validation every N RL steps (0 = only before and after)."""
+    val_tasks: int = 128
+    """Held-out tasks used by the periodic validation."""
+    samples: int = 4
+    """Samples per held-out task (temperature 1.0) for the before/after pass@1."""
+    temperature: float = 1.0
+    """Sampling temperature of the sampled pass@1."""
+
+
+class TrackingSection(Section):
+    tensorboard: bool = True
+    """Write TensorBoard events to RUN_DIR/tb."""
+    samples_every: int = 1
+    """Write samples/step_N.jsonl every N steps (0 = never)."""
+    progress: bool = True
+    """Show a progress bar."""
+
+
+class RunConfig(Section):
+    run: RunSection = RunSection()
+    model: ModelSection = ModelSection()
+    data: DataSection = DataSection()
+    sft: SFTSection = SFTSection()
+    rollout: RolloutSection = RolloutSection()
+    algo: AlgoSection = AlgoSection()
+    reward: RewardSection = RewardSection()
+    sandbox: SandboxSection = SandboxSection()
+    train: TrainSection = TrainSection()
+    checkpoint: CheckpointSection = CheckpointSection()
+    eval: EvalSection = EvalSection()
+    tracking: TrackingSection = TrackingSection()
+
+    @model_validator(mode="after")
+    def _known_names(self) -> RunConfig:
+        """Registry names are checked here, so a typo fails before the run directory is touched."""
+        from tempering.algos import ADVANTAGE_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES
+        from tempering.rewards import REWARD_COMPONENTS
+
+        checks = [("algo.estimator", self.algo.estimator, ADVANTAGE_ESTIMATORS),
+                  ("algo.policy_loss", self.algo.policy_loss, POLICY_LOSSES),
+                  ("algo.loss_agg", self.algo.loss_agg, LOSS_AGGREGATIONS)]
+        checks += [("reward.weights", name, REWARD_COMPONENTS) for name in self.reward.weights]
+        for key, name, registry in checks:
+            if name not in registry and not (":" in name and key != "algo.loss_agg"):
+                raise ValueError(f"{key}: unknown name '{name}'; valid: {', '.join(registry)}")
+        return self
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(), sort_keys=False)
+
+
+# ----------------------------------------------------------------------------------------- loading
+
+
+def _valid_keys(model: type[BaseModel]) -> str:
+    return ", ".join(model.model_fields)
+
+
+def _section_at(path: list[str]) -> type[BaseModel] | None:
+    """The Section class reached by following `path` from RunConfig, or None past a non-Section field."""
+    model: type[BaseModel] = RunConfig
+    for key in path:
+        field = model.model_fields.get(key)
+        annotation = field.annotation if field else None
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return None
+        model = annotation
+    return model
+
+
+def _check_key(path: list[str]) -> None:
+    """Raise ConfigError if the dotted key does not exist (dict-valued fields accept any sub-key)."""
+    model: type[BaseModel] = RunConfig
+    for i, key in enumerate(path):
+        if key not in model.model_fields:
+            where = ".".join(path[:i]) or "the top level"
+            raise ConfigError(
+                f"unknown config key '{'.'.join(path[: i + 1])}'; valid keys under {where}: {_valid_keys(model)}"
+            )
+        annotation = model.model_fields[key].annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            model = annotation
+        elif i < len(path) - 1 and not _is_dict(annotation):
+            raise ConfigError(f"config key '{'.'.join(path[: i + 1])}' is a value, not a section")
+        else:
+            return
+
+
+def _is_dict(annotation: Any) -> bool:
+    return getattr(annotation, "__origin__", None) is dict
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """`algo.lr=1e-4` -> (['algo', 'lr'], 0.0001). Values are parsed as YAML scalars/lists."""
+    if "=" not in text:
+        raise ConfigError(f"override '{text}' is not of the form key.path=value")
+    key, raw = text.split("=", 1)
+    path = key.strip().split(".")
+    if not all(path):
+        raise ConfigError(f"override '{text}' has an empty key")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"override '{text}': value is not valid YAML ({e.problem})") from None
+    return path, value
+
+
+def _set(tree: dict[str, Any], path: list[str], value: Any) -> None:
+    for key in path[:-1]:
+        node = tree.get(key)
+        if not isinstance(node, dict):
+            node = tree[key] = {}
+        tree = node
+    tree[path[-1]] = value
+
+
+def _walk_keys(tree: dict[str, Any], prefix: list[str]) -> None:
+    """Check every key of a YAML tree, so a typo in a file is reported like a typo in an override."""
+    for key, value in tree.items():
+        path = [*prefix, str(key)]
+        _check_key(path)
+        if isinstance(value, dict) and _section_at(path) is not None:
+            _walk_keys(value, path)
+
+
+def _format_validation(error: ValidationError) -> str:
+    lines = []
+    for e in error.errors():
+        key = ".".join(str(p) for p in e["loc"])
+        if not key:  # a model-level check (e.g. _known_names) already names its key
+            lines.append(str(e["msg"]).removeprefix("Value error, "))
+        elif e["type"] == "extra_forbidden":
+            parent = _section_at([str(p) for p in e["loc"][:-1]])
+            valid = f"; valid keys: {_valid_keys(parent)}" if parent else ""
+            lines.append(f"unknown config key '{key}'{valid}")
+        else:
+            lines.append(f"config key '{key}': {e['msg']} (got {e['input']!r})")
+    return "; ".join(lines)
+
+
+def build_config(tree: dict[str, Any] | None = None, overrides: list[str] = ()) -> RunConfig:
+    """Validate a nested dict plus dotted overrides into a RunConfig."""
+    tree = dict(tree or {})
+    _walk_keys(tree, [])
+    for text in overrides:
+        path, value = parse_override(text)
+        _check_key(path)
+        _set(tree, path, value)
+    try:
+        return RunConfig.model_validate(tree)
+    except ValidationError as e:
+        raise ConfigError(_format_validation(e)) from None
+
+
+def load_config(path: str | Path | None, overrides: list[str] = ()) -> RunConfig:
+    """Read a YAML config (None = all defaults) and apply `key.path=value` overrides."""
+    tree: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        if path.is_dir():
+            path = path / "config.yaml"
+        if not path.is_file():
+            raise ConfigError(f"config file '{path}' does not exist")
+        try:
+            tree = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config file '{path}' is not valid YAML: {e}") from None
+        if not isinstance(tree, dict):
+            raise ConfigError(f"config file '{path}' must hold a mapping of sections, not {type(tree).__name__}")
+    return build_config(tree, overrides)

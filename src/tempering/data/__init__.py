@@ -1,0 +1,7 @@
+"""Tasks: files, the built-in generator, and resumable sampling."""
+
+from tempering.data.generators import DOMAINS, generate_tasks
+from tempering.data.sampler import TaskSampler
+from tempering.data.tasks import load_tasks, save_tasks
+
+__all__ = ["DOMAINS", "TaskSampler", "generate_tasks", "load_tasks", "save_tasks"]

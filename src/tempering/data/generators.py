@@ -1,0 +1,286 @@
+"""Built-in Python function-synthesis tasks in six domains.
+
+Each task shows a signature and three doctest examples; the model writes the body; eight hidden tests
+(edge cases among them, tagged `edge`) decide the reward. A *function* is a template with its constants
+filled in (`return x * 3 + 1`); the held-out split holds out whole functions, so no held-out function is
+ever trained on, only its template's other constants. Everything is deterministic in `seed`.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import random
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from tempering.types import Task, TestCase
+
+LETTERS = "abcdefgh"
+
+# ------------------------------------------------------------------------------------ input makers
+
+
+def _int(lo: int, hi: int) -> Callable[[random.Random], tuple]:
+    return lambda rng: (rng.randint(lo, hi),)
+
+
+def _word(rng: random.Random, lo: int = 1, hi: int = 6) -> str:
+    return "".join(rng.choice(LETTERS) for _ in range(rng.randint(lo, hi)))
+
+
+def _ints(rng: random.Random, lo: int = 0, hi: int = 6) -> list[int]:
+    return [rng.randint(-5, 15) for _ in range(rng.randint(lo, hi))]
+
+
+def _dict(rng: random.Random) -> dict[str, int]:
+    keys = rng.sample(LETTERS, rng.randint(1, 4))
+    return {k: rng.randint(0, 9) for k in keys}
+
+
+WORD = lambda rng: (_word(rng),)            # noqa: E731
+INTS = lambda rng: (_ints(rng, 1),)         # noqa: E731
+DICT = lambda rng: (_dict(rng),)            # noqa: E731
+SMALL_N = _int(0, 12)
+
+# Short strings a template appends, prepends or repeats: 1-2 letters from the end of the alphabet, so
+# they stand out from the input words (drawn from LETTERS).
+AFFIXES = ["w", "x", "y", "z"] + [a + b for a in "wxyz" for b in "wxyz" if a != b]
+WORDS = ["yes", "no", "odd", "even", "big", "small", "pos", "neg", "up", "down"]
+
+
+@dataclass(frozen=True)
+class Template:
+    name: str
+    domain: str
+    signature: str
+    body: str
+    """Body lines (indented), with `{a}`-style holes filled from `params`."""
+    params: dict[str, list[Any]]
+    inputs: Callable[[random.Random], tuple]
+    edge: tuple[tuple, ...] = ()
+    """Edge-case argument tuples, always among the hidden tests and tagged `edge`."""
+    valid: Callable[..., bool] = field(default=lambda **_: True)
+    probes: tuple[tuple, ...] = ()
+    """Inputs shown first among the examples, chosen (as a helpful docstring would) to reveal constants."""
+
+    def functions(self) -> list[str]:
+        names = list(self.params)
+        bodies = []
+        for combo in itertools.product(*(self.params[n] for n in names)):
+            values = dict(zip(names, combo))
+            if self.valid(**values):
+                bodies.append(self.body.format(**values))
+        return bodies
+
+
+R = range
+I = "def f(x: int) -> int:"
+S = "def f(s: str) -> str:"
+L = "def f(xs: list[int]) -> list[int]:"
+LI = "def f(xs: list[int]) -> int:"
+N = "def f(n: int) -> int:"
+
+# Most templates come with probes that make every constant visible in the examples (f(0) == a for
+# `x + a`), so the skill is to read the examples, not to memorise constants; constant ranges are wide
+# enough that memorising is hopeless. A few templates (thresholds, modulus, slicing) need real inference.
+TEMPLATES: tuple[Template, ...] = (
+    # ---- integer arithmetic
+    Template("add", "arithmetic", I, "    return x + {a}", {"a": list(R(1, 41))}, _int(-5, 20), ((-1,),), probes=((0,),)),
+    Template("sub", "arithmetic", I, "    return x - {a}", {"a": list(R(1, 41))}, _int(-5, 20), ((-1,),), probes=((0,),)),
+    Template("mul", "arithmetic", I, "    return x * {a}", {"a": list(R(2, 25))}, _int(-5, 12), ((0,),), probes=((1,),)),
+    Template("affine", "arithmetic", I, "    return x * {a} + {b}", {"a": list(R(2, 6)), "b": list(R(1, 21))}, _int(-5, 10), ((-1,),), probes=((0,), (1,))),
+    Template("square_add", "arithmetic", I, "    return x * x + {a}", {"a": list(R(1, 41))}, _int(-6, 9), ((-1,),), probes=((0,),)),
+    Template("rsub", "arithmetic", I, "    return {a} - x", {"a": list(R(1, 41))}, _int(-5, 20), ((-1,),), probes=((0,),)),
+    Template("absdiff", "arithmetic", I, "    return abs(x - {a})", {"a": list(R(1, 41))}, _int(-5, 45), ((-1,),), probes=((0,),)),
+    Template("mod", "arithmetic", I, "    return x % {a}", {"a": list(R(2, 10))}, _int(0, 40), ((0,),)),
+    # ---- string transforms
+    Template("suffix", "strings", S, '    return s + "{c}"', {"c": AFFIXES}, WORD, (("",),)),
+    Template("prefix", "strings", S, '    return "{c}" + s', {"c": AFFIXES}, WORD, (("",),)),
+    Template("rev_suffix", "strings", S, '    return s[::-1] + "{c}"', {"c": AFFIXES}, WORD, (("",),)),
+    Template("upper_suffix", "strings", S, '    return s.upper() + "{c}"', {"c": AFFIXES}, WORD, (("",),)),
+    Template("wrap", "strings", S, '    return "{c}" + s + "{d}"', {"c": AFFIXES[:4], "d": AFFIXES[:4]}, WORD, (("",),), lambda c, d: c != d),
+    Template("replace", "strings", S, '    return s.replace("{c}", "{d}")', {"c": list(LETTERS[:4]), "d": list("wxyz")}, lambda rng: (_word(rng, 3, 6),), (("",),)),
+    Template("reverse", "strings", S, "    return s[::-1]", {}, WORD, (("",),)),
+    Template("upper", "strings", S, "    return s.upper()", {}, WORD, (("",),)),
+    Template("repeat", "strings", S, "    return s * {a}", {"a": [2, 3]}, WORD, (("",),)),
+    Template("head", "strings", S, "    return s[:{a}]", {"a": list(R(1, 5))}, WORD, (("",),)),
+    # ---- list operations
+    Template("map_add", "lists", L, "    return [v + {a} for v in xs]", {"a": list(R(1, 31))}, INTS, (([],),), probes=(([0],),)),
+    Template("map_mul", "lists", L, "    return [v * {a} for v in xs]", {"a": list(R(2, 16))}, INTS, (([],),), probes=(([1],),)),
+    Template("append", "lists", L, "    return xs + [{a}]", {"a": list(R(0, 41))}, INTS, (([],),)),
+    Template("push_front", "lists", L, "    return [{a}] + xs", {"a": list(R(0, 41))}, INTS, (([],),)),
+    Template("sum_add", "lists", LI, "    return sum(xs) + {a}", {"a": list(R(1, 41))}, INTS, (([],),), probes=(([0],),)),
+    Template("max_mul", "lists", LI, "    return max(xs) * {a}", {"a": list(R(2, 16))}, INTS, probes=(([1],),)),
+    Template("filter_gt", "lists", L, "    return [v for v in xs if v > {a}]", {"a": list(R(0, 12))}, INTS, (([],),)),
+    Template("sort", "lists", L, "    return sorted(xs)", {}, INTS, (([],),)),
+    Template("reverse_list", "lists", L, "    return xs[::-1]", {}, INTS, (([],),)),
+    # ---- conditionals / branching
+    Template("clamp_low", "conditionals", I, "    return max(x, {a})", {"a": list(R(0, 31))}, _int(-5, 40), ((0,),), probes=((-5,),)),
+    Template("clamp_high", "conditionals", I, "    return min(x, {a})", {"a": list(R(0, 31))}, _int(-5, 40), ((0,),), probes=((99,),)),
+    Template("parity", "conditionals", I, "    return {a} if x % 2 == 0 else {b}", {"a": list(R(0, 16)), "b": list(R(0, 16))}, _int(-5, 20), ((-1,),), lambda a, b: a != b, probes=((0,), (1,))),
+    Template("sign_word", "conditionals", "def f(x: int) -> str:", '    return "{w}" if x > 0 else "{v}"', {"w": WORDS, "v": WORDS}, _int(-9, 9), ((0,),), lambda w, v: w != v, probes=((1,), (-1,))),
+    Template("step", "conditionals", I, "    return {a} if x > {b} else {c}", {"a": list(R(1, 10)), "b": list(R(0, 10, 2)), "c": list(R(0, 10))}, _int(-5, 15), ((0,),), lambda a, b, c: a != c),
+    Template("label", "conditionals", "def f(x: int) -> str:", '    return "big" if x > {a} else "small"', {"a": list(R(0, 15))}, _int(-5, 20), ((0,),)),
+    # ---- loops / accumulation
+    Template("sum_range", "loops", N, "    total = 0\n    for i in range(n):\n        total += i + {a}\n    return total", {"a": list(R(1, 31))}, SMALL_N, ((0,),), probes=((1,),)),
+    Template("sum_mul", "loops", N, "    total = 0\n    for i in range(n):\n        total += i * {a}\n    return total", {"a": list(R(2, 21))}, SMALL_N, ((0,),), probes=((2,),)),
+    Template("power", "loops", N, "    total = {a}\n    for i in range(n):\n        total *= {b}\n    return total", {"a": list(R(1, 21)), "b": [2, 3]}, SMALL_N, ((0,),), probes=((0,), (1,))),
+    Template("build", "loops", "def f(n: int) -> list[int]:", "    out = []\n    for i in range(n):\n        out.append(i * {a})\n    return out", {"a": list(R(1, 21))}, SMALL_N, ((0,),), probes=((2,),)),
+    Template("repeat_char", "loops", "def f(n: int) -> str:", '    out = ""\n    for i in range(n):\n        out += "{c}"\n    return out', {"c": AFFIXES}, SMALL_N, ((0,),), probes=((1,),)),
+    Template("weighted_sum", "loops", LI, "    total = 0\n    for v in xs:\n        total += v * {a}\n    return total", {"a": list(R(2, 21))}, INTS, (([],),), probes=(([1],),)),
+    Template("count_mult", "loops", N, "    count = 0\n    for i in range(n):\n        if i % {a} == 0:\n            count += 1\n    return count", {"a": list(R(2, 7))}, _int(0, 20), ((0,),)),
+    # ---- dictionaries / counting
+    Template("scale_values", "counting", "def f(d: dict[str, int]) -> dict[str, int]:", "    return {{k: v * {a} for k, v in d.items()}}", {"a": list(R(2, 21))}, DICT, (({},),), probes=(({"a": 1},),)),
+    Template("add_values", "counting", "def f(d: dict[str, int]) -> dict[str, int]:", "    return {{k: v + {a} for k, v in d.items()}}", {"a": list(R(1, 31))}, DICT, (({},),), probes=(({"a": 0},),)),
+    Template("get_default", "counting", "def f(d: dict[str, int]) -> int:", '    return d.get("a", {a})', {"a": list(R(10, 41))}, DICT, (({"a": 0},),), probes=(({},),)),
+    Template("count_char", "counting", "def f(s: str) -> int:", '    return s.count("{c}")', {"c": list(LETTERS)}, WORD, (("",),)),
+    Template("count_value", "counting", LI, "    return xs.count({a})", {"a": list(R(0, 10))}, lambda rng: ([rng.randint(0, 9) for _ in range(rng.randint(1, 8))],), (([],),)),
+    Template("distinct", "counting", LI, "    return len(set(xs))", {}, INTS, (([],),)),
+    Template("histogram", "counting", "def f(s: str) -> dict[str, int]:", "    return {{c: s.count(c) for c in s}}", {}, WORD, (("",),)),
+)
+
+DOMAINS: tuple[str, ...] = tuple(dict.fromkeys(t.domain for t in TEMPLATES))
+N_EXAMPLES = 3
+N_HIDDEN = 8
+
+
+@dataclass(frozen=True)
+class Function:
+    template: Template
+    body: str
+
+    @property
+    def source(self) -> str:
+        return f"{self.template.signature}\n{self.body}\n"
+
+
+@functools.lru_cache(maxsize=4096)
+def _compile(source: str) -> Callable[..., Any]:
+    namespace: dict[str, Any] = {}
+    exec(compile(source, "<reference>", "exec"), namespace)  # our own reference code, not a model's
+    return namespace["f"]
+
+
+def _prompt(fn: Function, examples: list[tuple[tuple, Any]]) -> str:
+    lines = [fn.template.signature, '    """']
+    for args, out in examples:
+        lines.append(f"    >>> f({', '.join(map(repr, args))})")
+        lines.append(f"    {out!r}")
+    lines.append('    """')
+    return "\n".join(lines) + "\n"
+
+
+EXAMPLE_CHARS = 40
+"""Examples shown in the prompt are kept short (rendered call + output): prompt length is training cost."""
+
+
+def _draw_inputs(fn: Function, rng: random.Random, call: Callable[..., Any]) -> list[tuple[tuple, Any]] | None:
+    """N_EXAMPLES short examples, then N_HIDDEN hidden cases (edge cases first), all distinct inputs."""
+    seen: set[str] = set()
+    cases: list[tuple[tuple, Any]] = []
+    edges = list(fn.template.edge)
+    probes = list(fn.template.probes)
+    for attempt in range(400):
+        if len(cases) == N_EXAMPLES + N_HIDDEN:
+            break
+        is_example = len(cases) < N_EXAMPLES
+        # Examples: the probes, then ordinary inputs; edge cases go to the hidden tests only.
+        if is_example and probes:
+            args = probes.pop(0)
+        elif not is_example and edges:
+            args = edges.pop(0)
+        else:
+            args = fn.template.inputs(rng)
+        key = repr(args)
+        if key in seen:
+            continue
+        try:
+            out = call(*args)
+        except Exception:  # e.g. max([]) - such inputs are simply not used
+            continue
+        if is_example and attempt < 300 and len(key) + len(repr(out)) > EXAMPLE_CHARS:
+            continue
+        seen.add(key)
+        cases.append((args, out))
+    return cases if len(cases) == N_EXAMPLES + N_HIDDEN else None
+
+
+def make_task(fn: Function, rng: random.Random, task_id: str) -> Task | None:
+    call = _compile(fn.source)
+    cases = _draw_inputs(fn, rng, call)
+    if cases is None:
+        return None
+    examples, hidden = cases[:N_EXAMPLES], cases[N_EXAMPLES:]
+    edge_keys = {repr(e) for e in fn.template.edge}
+
+    def case(i: int, args: tuple, out: Any) -> TestCase:
+        tags = ["edge"] if repr(args) in edge_keys else []
+        return TestCase(name=f"test_{i}", input=list(args), output=out, tags=tags)
+
+    return Task(
+        id=task_id,
+        domain=fn.template.domain,
+        prompt=_prompt(fn, examples),
+        entry_point="f",
+        tests=[case(i, a, o) for i, (a, o) in enumerate(hidden)],
+        examples=[case(i, a, o) for i, (a, o) in enumerate(examples)],
+        reference_solution=fn.source,
+        metadata={"template": fn.template.name, "body": fn.body},
+    )
+
+
+def split_functions(
+    seed: int, domains: list[str] | None = None, heldout_fraction: float = 0.25
+) -> tuple[list[Function], list[Function]]:
+    """Every function of every template, split into (train, held-out) by seed.
+
+    Templates with fewer than 5 functions are train-only: holding one out would test a template the model
+    has never seen rather than a new instance of a known one.
+    """
+    rng = random.Random(f"split:{seed}")
+    train, heldout = [], []
+    for template in TEMPLATES:
+        if domains is not None and template.domain not in domains:
+            continue
+        fns = [Function(template, body) for body in template.functions()]
+        rng.shuffle(fns)
+        n_hold = int(len(fns) * heldout_fraction) if len(fns) >= 5 else 0
+        heldout += fns[:n_hold]
+        train += fns[n_hold:]
+    return train, heldout
+
+
+def _tasks(fns: list[Function], n: int, seed: str, prefix: str, exclude: frozenset[str] = frozenset()
+           ) -> Iterator[Task]:
+    """n tasks, domains in turn, then a random template, then a random function (big templates don't dominate)."""
+    rng = random.Random(seed)
+    by_domain: dict[str, dict[str, list[Function]]] = {}
+    for fn in fns:
+        by_domain.setdefault(fn.template.domain, {}).setdefault(fn.template.name, []).append(fn)
+    domains = sorted(by_domain)
+    made = 0
+    while made < n:
+        templates = by_domain[domains[made % len(domains)]]
+        fn = rng.choice(templates[rng.choice(sorted(templates))])
+        task = make_task(fn, rng, f"{prefix}-{made:06d}")
+        if task is not None and task.prompt not in exclude:
+            made += 1
+            yield task
+
+
+def generate_tasks(
+    num_train: int, num_heldout: int, seed: int = 0, domains: list[str] | None = None
+) -> tuple[list[Task], list[Task]]:
+    """(train, held-out) task lists; no held-out function appears among the training tasks."""
+    unknown = set(domains or ()) - set(DOMAINS)
+    if unknown:
+        raise ValueError(f"unknown domain(s) {sorted(unknown)}; valid: {', '.join(DOMAINS)}")
+    train_fns, heldout_fns = split_functions(seed, domains)
+    train = list(_tasks(train_fns, num_train, f"train:{seed}", "train"))
+    # Two functions can agree on the three examples; a held-out prompt identical to a training prompt is
+    # skipped, so no held-out task is seen in training even as text.
+    seen = frozenset(t.prompt for t in train)
+    heldout = list(_tasks(heldout_fns, num_heldout, f"heldout:{seed}", "heldout", seen))
+    return train, heldout

@@ -1,0 +1,101 @@
+"""Load any local Hugging Face causal-LM directory, or build the tiny default model from a config.
+
+Both paths end in the same place: a `transformers` model and tokenizer that `save_pretrained` writes as a
+standard directory, which `AutoModelForCausalLM.from_pretrained` reads back.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+from tempering.errors import ModelLoadError
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def check_model_dir(path: str | Path) -> Path:
+    """Fail early, with a message naming the path, if it is not a loadable causal-LM directory."""
+    path = Path(path)
+    if not path.exists():
+        raise ModelLoadError(f"model path '{path}' does not exist")
+    if not path.is_dir():
+        raise ModelLoadError(f"model path '{path}' is a file; expected a Hugging Face model directory")
+    if not (path / "config.json").is_file():
+        raise ModelLoadError(f"model path '{path}' has no config.json; is it a Hugging Face model directory?")
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except (ValueError, OSError, json.JSONDecodeError) as e:
+        raise ModelLoadError(f"model path '{path}': config.json cannot be read ({e})") from None
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise ModelLoadError(f"model path '{path}': model type '{config.model_type}' is not a causal LM")
+    weights = [*path.glob("*.safetensors"), *path.glob("*.bin")]
+    if not weights:
+        raise ModelLoadError(f"model path '{path}' has no weights (*.safetensors or *.bin)")
+    return path
+
+
+def load_model(path: str | Path, *, dtype: str = "float32", device: str = "cpu") -> torch.nn.Module:
+    path = check_model_dir(path)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype])
+    except Exception as e:  # the library's errors vary by format (OSError, SafetensorError, ...)
+        raise ModelLoadError(f"model path '{path}': weights cannot be loaded ({type(e).__name__}: {e})") from None
+    return model.to(device)
+
+
+def load_tokenizer(path: str | Path):
+    path = Path(path)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(f"model path '{path}': no usable tokenizer ({e})") from None
+    if tokenizer.pad_token_id is None:  # many causal LMs ship without one; padding is masked anyway
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def build_tiny_model(
+    tokenizer,
+    *,
+    hidden_size: int,
+    num_layers: int,
+    num_heads: int,
+    intermediate_size: int,
+    max_length: int,
+    seed: int,
+) -> LlamaForCausalLM:
+    """A randomly initialised Llama-style model sized for the tokenizer (weights tied to save parameters)."""
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_heads,
+        max_position_embeddings=max_length,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        return LlamaForCausalLM(config)
+
+
+def save_model(model: torch.nn.Module, tokenizer, path: str | Path) -> Path:
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path, safe_serialization=True)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def num_parameters(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())

@@ -1,0 +1,269 @@
+"""The stages of a run: prepare -> SFT warm-up -> held-out eval -> RL -> held-out eval -> summary.
+
+Each stage leaves a marker in the run directory, so `tempering train` on an interrupted run skips what is
+done and resumes the RL loop from its newest valid checkpoint. Everything that can fail on bad input
+(config, task files, model path) is checked before anything is written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from tempering.config import RunConfig
+from tempering.data import generate_tasks, load_tasks, save_tasks
+from tempering.errors import ConfigError
+from tempering.eval.evaluate import EvalReport, evaluate
+from tempering.loop import RLTrainer
+from tempering.models.loading import (
+    build_tiny_model,
+    check_model_dir,
+    load_model,
+    load_tokenizer,
+    num_parameters,
+    save_model,
+)
+from tempering.models.tokenizer import train_tokenizer
+from tempering.sandbox import LocalSandbox, SandboxLimits
+from tempering.tracking import Tracker, read_metrics
+from tempering.tracking.plot import plot_run
+from tempering.training.sft import run_sft, sft_completion
+from tempering.types import Task
+
+
+def _write_json(path: Path, data: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)
+
+
+@dataclass
+class Workspace:
+    cfg: RunConfig
+    run_dir: Path
+    train_tasks: list[Task]
+    heldout_tasks: list[Task]
+    console: Console
+
+    def log(self, message: str) -> None:
+        self.console.print(message)
+
+
+def prepare(cfg: RunConfig, console: Console | None = None) -> Workspace:
+    """Validate the inputs, then create the run directory and write the resolved config."""
+    console = console or Console(stderr=True)
+    run_dir = Path(cfg.run.dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError(f"run.dir '{run_dir}' exists and is not a directory")
+    if cfg.model.path:
+        check_model_dir(cfg.model.path)
+    if cfg.algo.ppo_epochs < 1 or cfg.algo.minibatches < 1 or cfg.rollout.group_size < 1:
+        raise ConfigError("algo.ppo_epochs, algo.minibatches and rollout.group_size must be at least 1")
+    train = load_tasks(cfg.data.train_file) if cfg.data.train_file else None
+    heldout = load_tasks(cfg.data.heldout_file) if cfg.data.heldout_file else None
+    if train is None or heldout is None:
+        try:
+            gen_train, gen_heldout = generate_tasks(cfg.data.num_train, cfg.data.num_heldout, cfg.data.seed,
+                                                    cfg.data.domains)
+        except ValueError as e:
+            raise ConfigError(f"data.domains: {e}") from None
+        train = train if train is not None else gen_train
+        heldout = heldout if heldout is not None else gen_heldout
+    _check_disjoint(train, heldout)
+    torch.set_num_threads(cfg.run.threads)
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(cfg.to_yaml())
+    data_dir = run_dir / "data"
+    if not (data_dir / "heldout.jsonl").exists():
+        save_tasks(train, data_dir / "train.jsonl")
+        save_tasks(heldout, data_dir / "heldout.jsonl")
+    return Workspace(cfg, run_dir, train, heldout, console)
+
+
+def _check_disjoint(train: list[Task], heldout: list[Task]) -> None:
+    overlap = {t.prompt for t in train} & {t.prompt for t in heldout}
+    if overlap:
+        raise ConfigError(f"{len(overlap)} held-out task prompt(s) also appear among the training tasks")
+
+
+def make_sandbox(cfg: RunConfig) -> LocalSandbox:
+    s = cfg.sandbox
+    limits = SandboxLimits(timeout_s=s.timeout_s, cpu_s=s.cpu_s, memory_mb=s.memory_mb,
+                           max_output_bytes=s.max_output_bytes)
+    return LocalSandbox(limits, workers=s.workers, python=s.python)
+
+
+# ----------------------------------------------------------------------------------------- stages
+
+
+def base_model_dir(ws: Workspace) -> Path:
+    """The starting model: `model.path`, or the tiny default built (once) into RUN_DIR/base."""
+    cfg = ws.cfg
+    if cfg.model.path:
+        return Path(cfg.model.path)
+    base = ws.run_dir / "base"
+    if not (base / "config.json").is_file():
+        texts = [t.prompt + sft_completion(t) for t in ws.train_tasks]
+        tokenizer = train_tokenizer(texts, vocab_size=cfg.model.vocab_size)
+        m = cfg.model
+        model = build_tiny_model(tokenizer, hidden_size=m.hidden_size, num_layers=m.num_layers,
+                                 num_heads=m.num_heads, intermediate_size=m.intermediate_size,
+                                 max_length=m.max_length, seed=cfg.run.seed)
+        tmp = ws.run_dir / "base.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        save_model(model, tokenizer, tmp)
+        shutil.rmtree(base, ignore_errors=True)
+        os.replace(tmp, base)
+        ws.log(f"built tiny model: {num_parameters(model) / 1e6:.2f}M parameters, vocabulary {len(tokenizer)}")
+    return base
+
+
+def sft_stage(ws: Workspace, start: Path) -> Path:
+    """Supervised warm-up into RUN_DIR/sft/model (skipped when done, or when sft.steps is 0)."""
+    cfg = ws.cfg
+    if cfg.sft.steps <= 0:
+        return start
+    out = ws.run_dir / "sft"
+    done = out / "DONE.json"
+    if done.is_file():
+        return out / "model"
+    out.mkdir(exist_ok=True)
+    model = load_model(start, dtype=cfg.model.dtype, device=cfg.run.device)
+    tokenizer = load_tokenizer(start)
+    s = cfg.sft
+    began = time.perf_counter()
+    with (out / "metrics.jsonl").open("w") as f:
+        def on_step(step: int, row: dict[str, float]) -> None:
+            f.write(json.dumps(row) + "\n")
+            if step % max(1, s.steps // 10) == 0 or step == s.steps:
+                ws.log(f"sft step {step}/{s.steps}  loss {row['sft/loss']:.3f}")
+
+        run_sft(model, tokenizer, ws.train_tasks, steps=s.steps, batch_size=s.batch_size, lr=s.lr,
+                warmup_steps=s.warmup_steps, schedule=s.schedule, weight_decay=s.weight_decay,
+                seed=cfg.run.seed, on_step=on_step)
+    tmp = out / "model.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    save_model(model, tokenizer, tmp)
+    shutil.rmtree(out / "model", ignore_errors=True)
+    os.replace(tmp, out / "model")
+    _write_json(done, {"steps": s.steps, "wall_time_s": time.perf_counter() - began})
+    return out / "model"
+
+
+def heldout_eval(ws: Workspace, model_dir: Path, sandbox: LocalSandbox, name: str) -> dict[str, Any]:
+    """Sampled (T = eval.temperature, eval.samples per task) and greedy pass@1 on all held-out tasks."""
+    path = ws.run_dir / f"{name}.json"
+    if path.is_file():
+        return json.loads(path.read_text())
+    cfg = ws.cfg
+    began = time.perf_counter()
+    model = load_model(model_dir, dtype=cfg.model.dtype, device=cfg.run.device)
+    tokenizer = load_tokenizer(model_dir)
+    kw = dict(max_new_tokens=cfg.rollout.max_new_tokens)
+    sampled = evaluate(model, tokenizer, ws.heldout_tasks, sandbox, samples=cfg.eval.samples, ks=(1,),
+                       temperature=cfg.eval.temperature, seed=cfg.run.seed + 7, **kw)
+    greedy = evaluate(model, tokenizer, ws.heldout_tasks, sandbox, greedy=True, **kw)
+    result = {"sampled": _strip(sampled), "greedy": _strip(greedy), "wall_time_s": time.perf_counter() - began}
+    _write_json(path, result)
+    return result
+
+
+def _strip(report: EvalReport) -> dict[str, Any]:
+    data = report.to_json()
+    data.pop("per_task")
+    return data
+
+
+def rl_stage(ws: Workspace, start: Path, sandbox: LocalSandbox) -> Path:
+    cfg = ws.cfg
+    trainer = RLTrainer(cfg, ws.run_dir, ws.train_tasks, ws.heldout_tasks, start, log=ws.log)
+    if trainer.start_step < cfg.train.steps:
+        tracker = Tracker(ws.run_dir, start_step=trainer.start_step, total_steps=cfg.train.steps,
+                          tensorboard=cfg.tracking.tensorboard, progress=cfg.tracking.progress, console=ws.console)
+        try:
+            trainer.run(sandbox, tracker)
+        finally:
+            tracker.close()
+    final = trainer.checkpoints / f"step_{cfg.train.steps:06d}"
+    return final / "model" if final.is_dir() else trainer.save(cfg.train.steps).model_dir
+
+
+# ------------------------------------------------------------------------------------------- train
+
+
+def train(cfg: RunConfig, console: Console | None = None) -> dict[str, Any]:
+    """The whole recipe; returns summary.json's content."""
+    began = time.perf_counter()
+    ws = prepare(cfg, console)
+    ws.log(f"run directory: {ws.run_dir}  ({len(ws.train_tasks)} training tasks, {len(ws.heldout_tasks)} held-out)")
+    sandbox = make_sandbox(cfg)
+    try:
+        start = base_model_dir(ws)
+        start = sft_stage(ws, start)
+        before = heldout_eval(ws, start, sandbox, "eval_before")
+        ws.log(f"held-out pass@1 before RL: sampled {before['sampled']['overall']['pass@1']:.1%}, "
+               f"greedy {before['greedy']['overall']['pass@1']:.1%}")
+        final = rl_stage(ws, start, sandbox)
+        after = heldout_eval(ws, final, sandbox, "eval_after")
+    finally:
+        sandbox.close()
+    summary = write_summary(ws, before, after, time.perf_counter() - began)
+    print_summary(ws.console, summary)
+    return summary
+
+
+def write_summary(ws: Workspace, before: dict, after: dict, wall_time_s: float) -> dict[str, Any]:
+    rows = read_metrics(ws.run_dir / "metrics.jsonl")
+    sft_done = ws.run_dir / "sft" / "DONE.json"
+    rl_s = sum((r.get("timing_s/step") or 0) + (r.get("timing_s/checkpoint") or 0) for r in rows)
+    summary = {
+        "heldout_pass@1_before": before["sampled"]["overall"]["pass@1"],
+        "heldout_pass@1_after": after["sampled"]["overall"]["pass@1"],
+        "heldout_greedy_pass@1_before": before["greedy"]["overall"]["pass@1"],
+        "heldout_greedy_pass@1_after": after["greedy"]["overall"]["pass@1"],
+        "heldout_tasks": before["sampled"]["num_tasks"],
+        "heldout_samples_per_task": before["sampled"]["samples"],
+        "temperature": before["sampled"]["temperature"],
+        "per_domain_before": {d: v["pass@1"] for d, v in before["sampled"]["per_domain"].items()},
+        "per_domain_after": {d: v["pass@1"] for d, v in after["sampled"]["per_domain"].items()},
+        "rl_steps": len(rows),
+        "wall_time_s": wall_time_s,
+        "wall_time_split_s": {
+            "sft": json.loads(sft_done.read_text())["wall_time_s"] if sft_done.is_file() else 0.0,
+            "eval_before": before["wall_time_s"],
+            "rl": rl_s,
+            "eval_after": after["wall_time_s"],
+        },
+    }
+    _write_json(ws.run_dir / "summary.json", summary)
+    val_before = {"val/pass@1": summary["heldout_pass@1_before"],
+                  "val/greedy_pass@1": summary["heldout_greedy_pass@1_before"]}
+    val_after = {"val/pass@1": summary["heldout_pass@1_after"],
+                 "val/greedy_pass@1": summary["heldout_greedy_pass@1_after"]}
+    plot_run(rows, ws.run_dir / "plot.png", before=val_before, after=val_after)
+    return summary
+
+
+def print_summary(console: Console, summary: dict[str, Any]) -> None:
+    table = Table(title=f"held-out pass@1 ({summary['heldout_tasks']} tasks, T={summary['temperature']})")
+    table.add_column("domain")
+    table.add_column("after SFT", justify="right")
+    table.add_column("after RL", justify="right")
+    for domain, value in summary["per_domain_before"].items():
+        table.add_row(domain, f"{value:.1%}", f"{summary['per_domain_after'][domain]:.1%}")
+    table.add_row("[bold]all (sampled)", f"{summary['heldout_pass@1_before']:.1%}",
+                  f"{summary['heldout_pass@1_after']:.1%}")
+    table.add_row("[bold]all (greedy)", f"{summary['heldout_greedy_pass@1_before']:.1%}",
+                  f"{summary['heldout_greedy_pass@1_after']:.1%}")
+    console.print(table)
+    console.print(f"wall time {summary['wall_time_s']:.0f} s")

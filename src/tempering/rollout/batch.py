@@ -1,0 +1,65 @@
+"""The tensor batch the trainer consumes (verl / TRL vocabulary)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class RolloutBatch:
+    prompt_ids: Tensor                    # (B, P) left-padded
+    prompt_mask: Tensor                   # (B, P)
+    response_ids: Tensor                  # (B, R) right-padded
+    response_mask: Tensor                 # (B, R) float: 1.0 on tokens the policy generated (trained on)
+    old_logprobs: Tensor                  # (B, R) log-probs under the policy that sampled them
+    rewards: Tensor                       # (B,) sequence rewards
+    group_ids: Tensor                     # (B,) samples of the same task share an id
+    advantages: Tensor | None = None      # (B, R)
+    returns: Tensor | None = None         # (B, R)
+    ref_logprobs: Tensor | None = None    # (B, R) under the frozen reference, when KL is used
+    values: Tensor | None = None          # (B, R) critic values, when a critic is used
+
+    def __len__(self) -> int:
+        return self.prompt_ids.shape[0]
+
+    def select(self, index: Tensor) -> RolloutBatch:
+        """Rows `index` of every tensor (a minibatch)."""
+        picked = {f.name: getattr(self, f.name) for f in fields(self)}
+        return replace(self, **{k: (v[index] if isinstance(v, Tensor) else v) for k, v in picked.items()})
+
+    def trim(self) -> RolloutBatch:
+        """Drop prompt columns that are padding in every row (left) and response columns likewise (right)."""
+        p = int((self.prompt_mask.sum(0) > 0).long().argmax()) if self.prompt_mask.any() else 0
+        r = int(self.response_mask.sum(0).nonzero().max()) + 1 if self.response_mask.any() else 0
+        out = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, Tensor) and v.dim() == 2:
+                v = v[:, p:] if f.name.startswith("prompt") else v[:, :r]
+            out[f.name] = v
+        return replace(self, **out)
+
+    def num_tokens(self) -> int:
+        return int(self.prompt_mask.sum() + self.response_mask.sum())
+
+
+def concat_batches(batches: list[RolloutBatch]) -> RolloutBatch:
+    """Stack batches with different padding widths (prompts padded on the left, responses on the right)."""
+
+    def cat(name: str, left: bool) -> Tensor | None:
+        ts = [getattr(b, name) for b in batches]
+        if any(t is None for t in ts):
+            return None
+        if ts[0].dim() == 1:
+            return torch.cat(ts)
+        width = max(t.shape[1] for t in ts)
+        out = []
+        for t in ts:
+            fill = torch.zeros((t.shape[0], width - t.shape[1]), dtype=t.dtype)
+            out.append(torch.cat([fill, t] if left else [t, fill], dim=1))
+        return torch.cat(out)
+
+    return RolloutBatch(**{f.name: cat(f.name, f.name.startswith("prompt")) for f in fields(RolloutBatch)})

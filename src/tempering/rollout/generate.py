@@ -1,0 +1,155 @@
+"""Batched sampling with a KV cache: token ids, sampling log-probs, masks, truncation.
+
+A hand-written loop rather than `model.generate`, because RL needs the per-token log-probs of the
+sampled tokens under the (temperature-scaled) policy, a seeded generator for exactly repeatable rollouts,
+and the truncation flag; `generate` gives these only partially.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+def encode_prompt(tokenizer, text: str) -> list[int]:
+    """Prompt token ids: BOS (if the tokenizer has one) + the text. SFT and rollout both use this."""
+    ids = tokenizer(text, add_special_tokens=False).input_ids
+    bos = tokenizer.bos_token_id
+    return ([bos] if bos is not None else []) + ids
+
+
+def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[Tensor, Tensor]:
+    """Left-pad id lists -> ids (B, P), mask (B, P)."""
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        if s:
+            ids[i, width - len(s):] = torch.tensor(s)
+            mask[i, width - len(s):] = 1
+    return ids, mask
+
+
+@dataclass
+class Generation:
+    prompt_ids: Tensor       # (B, P) left-padded
+    prompt_mask: Tensor      # (B, P)
+    response_ids: Tensor     # (B, R) right-padded; includes the EOS token when one was sampled
+    response_mask: Tensor    # (B, R) float, 1.0 on generated tokens
+    logprobs: Tensor         # (B, R) log-prob of each sampled token (temperature-scaled distribution)
+    truncated: Tensor        # (B,) bool, True when no EOS came within max_new_tokens
+    texts: list[str]         # decoded completions, EOS and padding removed
+
+
+def sample_next(logits: Tensor, *, temperature: float, top_p: float, generator: torch.Generator | None,
+                greedy: bool) -> tuple[Tensor, Tensor]:
+    """logits (B, V) -> (token (B,), its log-prob (B,) under softmax(logits / temperature))."""
+    if greedy:
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        token = logp.argmax(-1)
+        return token, logp.gather(-1, token[:, None]).squeeze(-1)
+    logp = torch.log_softmax(logits.float() / temperature, dim=-1)              # (B, V)
+    probs = logp.exp()
+    if top_p < 1.0:
+        sorted_p, order = probs.sort(dim=-1, descending=True)
+        outside = sorted_p.cumsum(-1) - sorted_p > top_p                         # keep the smallest set >= top_p
+        sorted_p = sorted_p.masked_fill(outside, 0.0)
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
+    token = torch.multinomial(probs, 1, generator=generator).squeeze(-1)          # (B,)
+    # The recorded log-prob is under the full tempered distribution (not the top-p truncation), which is
+    # what the training forward pass recomputes; verl does the same.
+    return token, logp.gather(-1, token[:, None]).squeeze(-1)
+
+
+@torch.no_grad()
+def generate(
+    model,
+    tokenizer,
+    prompts: list[list[int]],
+    *,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    greedy: bool = False,
+    generator: torch.Generator | None = None,
+    batch_size: int = 256,
+) -> Generation:
+    """Sample one completion per prompt (repeat a prompt G times for a group). Prompts are token id lists."""
+    parts = [
+        _generate_chunk(model, tokenizer, prompts[i: i + batch_size], max_new_tokens, temperature, top_p,
+                        greedy, generator)
+        for i in range(0, len(prompts), batch_size)
+    ]
+    return parts[0] if len(parts) == 1 else _concat(parts, tokenizer.pad_token_id)
+
+
+def _generate_chunk(model, tokenizer, prompts, max_new_tokens, temperature, top_p, greedy, generator):
+    device = next(model.parameters()).device
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    was_training = model.training
+    model.eval()
+    prompt_ids, prompt_mask = left_pad(prompts, pad)
+    ids, mask = prompt_ids.to(device), prompt_mask.to(device)
+    positions = (mask.cumsum(-1) - 1).clamp_min(0)
+    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
+    cache, logits = out.cache, out.logits[:, -1]
+    b = len(prompts)
+    tokens = torch.full((b, max_new_tokens), pad, dtype=torch.long)
+    logps = torch.zeros((b, max_new_tokens))
+    active = torch.arange(b)          # rows of the output that are still being generated
+    width = 0
+    for t in range(max_new_tokens):
+        token, logp = sample_next(logits, temperature=temperature, top_p=top_p, generator=generator,
+                                  greedy=greedy)
+        tokens[active, t], logps[active, t] = token.cpu(), logp.cpu()
+        width = t + 1
+        finished = token == eos
+        if bool(finished.all()) or t == max_new_tokens - 1:
+            break
+        if bool(finished.any()):
+            # Drop finished rows from the batch and the KV cache: the remaining steps cost only what is
+            # still being written (completions differ a lot in length).
+            keep = (~finished).nonzero().squeeze(1)
+            cache.batch_select_indices(keep)
+            mask, positions, token, active = mask[keep], positions[keep], token[keep], active[keep.cpu()]
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+        positions = positions[:, -1:] + 1
+        out = model(input_ids=token[:, None], attention_mask=mask, position_ids=positions, cache=cache,
+                    use_cache=True)
+        cache, logits = out.cache, out.logits[:, -1]
+    model.train(was_training)
+
+    response_ids, logprobs = tokens[:, :width], logps[:, :width]                # (B, R)
+    # A token is part of the response up to and including the first EOS.
+    is_eos = response_ids == eos
+    after_eos = (is_eos.cumsum(1) - is_eos.long()) > 0
+    response_mask = (~after_eos).float()
+    truncated = ~is_eos.any(1)
+    texts = []
+    for row, n, trunc in zip(response_ids.tolist(), response_mask.sum(1).long().tolist(), truncated.tolist()):
+        texts.append(tokenizer.decode(row[: n if trunc else n - 1], skip_special_tokens=False))
+    response_ids = response_ids.masked_fill(after_eos, pad)
+    return Generation(prompt_ids, prompt_mask, response_ids, response_mask, logprobs * response_mask,
+                      truncated, texts)
+
+
+def _concat(parts: list[Generation], pad: int) -> Generation:
+    def cat(tensors: list[Tensor], left: bool, value: float) -> Tensor:
+        width = max(t.shape[1] for t in tensors)
+        padded = []
+        for t in tensors:
+            fill = torch.full((t.shape[0], width - t.shape[1]), value, dtype=t.dtype)
+            padded.append(torch.cat([fill, t] if left else [t, fill], dim=1))
+        return torch.cat(padded)
+
+    return Generation(
+        prompt_ids=cat([p.prompt_ids for p in parts], True, pad),
+        prompt_mask=cat([p.prompt_mask for p in parts], True, 0),
+        response_ids=cat([p.response_ids for p in parts], False, pad),
+        response_mask=cat([p.response_mask for p in parts], False, 0.0),
+        logprobs=cat([p.logprobs for p in parts], False, 0.0),
+        truncated=torch.cat([p.truncated for p in parts]),
+        texts=[t for p in parts for t in p.texts],
+    )

@@ -1,0 +1,349 @@
+"""Host side of the sandbox: a pool of warm fork-server workers, and the test verdicts.
+
+A worker (`_worker.py`) is started once and then forks a fresh, limited child per execution, so the
+interpreter's start-up is paid once per worker, not once per execution. Expected test outputs stay in
+this process: the worker returns only what the program produced, and `compare_values` decides here.
+"""
+
+from __future__ import annotations
+
+import ast
+import atexit
+import json
+import math
+import os
+import queue
+import select
+import shutil
+import signal
+import struct
+import subprocess
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from tempering.errors import SandboxError
+from tempering.types import ExecResult, Task, TestCase, TestResult
+
+WORKER_SCRIPT = Path(__file__).with_name("_worker.py")
+# How much longer than the execution's own timeout the host waits for a worker before declaring it hung.
+WORKER_GRACE_S = 5.0
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    timeout_s: float = 2.0
+    """Wall-clock limit; the whole process group is killed when it passes."""
+    cpu_s: float = 2.0
+    """CPU-time limit (RLIMIT_CPU)."""
+    memory_mb: int = 256
+    """Address space on top of the interpreter's own (RLIMIT_AS)."""
+    max_output_bytes: int = 65536
+    """Per stream; a program that writes more is stopped with status output_limit."""
+    max_file_bytes: int = 16 << 20
+    """Largest file the program may write (RLIMIT_FSIZE)."""
+    max_processes: int = 0
+    """RLIMIT_NPROC for the program (0 = not set; the kernel ignores it for root)."""
+
+
+@dataclass
+class ExecRequest:
+    """One execution: a whole program (`stdin`), or function calls on `entry_point` (`calls`)."""
+
+    code: str
+    language: str = "python"
+    stdin: str | None = None
+    entry_point: str | None = None
+    calls: list[list[Any]] | None = None
+    limits: SandboxLimits = field(default_factory=SandboxLimits)
+
+
+def default_python() -> str:
+    """The system interpreter where there is one (fast start, readable by any uid), else the current one."""
+    for candidate in ("/usr/bin/python3", "/usr/local/bin/python3"):
+        if os.access(candidate, os.X_OK):
+            return candidate
+    import sys
+
+    return sys.executable
+
+
+# ------------------------------------------------------------------------------------------ workers
+
+
+class _Worker:
+    """One fork-server process and its pipes."""
+
+    def __init__(self, python: str):
+        self.python = python
+        self.proc = subprocess.Popen(
+            [python, "-s", "-B", str(WORKER_SCRIPT)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env={"PYTHONHASHSEED": "0"},  # none of the host's variables; fixed hashing = repeatable runs
+            cwd="/",
+            start_new_session=True,
+        )
+
+    def request(self, payload: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        body = json.dumps(payload).encode()
+        try:
+            self.proc.stdin.write(struct.pack(">I", len(body)) + body)
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError) as e:
+            raise SandboxError(f"sandbox worker is gone ({e})") from None
+        deadline = time.monotonic() + timeout_s
+        header = self._read(4, deadline)
+        (n,) = struct.unpack(">I", header)
+        return json.loads(self._read(n, deadline))
+
+    def _read(self, n: int, deadline: float) -> bytes:
+        fd = self.proc.stdout.fileno()
+        data = bytearray()
+        while len(data) < n:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                raise SandboxError("sandbox worker did not answer in time")
+            chunk = os.read(fd, n - len(data))
+            if not chunk:
+                raise SandboxError(f"sandbox worker exited (code {self.proc.poll()})")
+            data += chunk
+        return bytes(data)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.close()
+                self.proc.wait(timeout=2)
+            except (OSError, subprocess.TimeoutExpired):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+
+class LocalSandbox:
+    """A pool of `workers` fork-server processes on this machine.
+
+    Thread-safe; `run_batch` keeps every worker busy. Requests beyond the pool wait in a bounded queue
+    (the thread pool's), which is the backpressure: a caller submitting faster than the workers execute
+    simply blocks in `run_batch`.
+    """
+
+    def __init__(self, limits: SandboxLimits | None = None, *, workers: int = 2, python: str | None = None):
+        self.limits = limits or SandboxLimits()
+        self.python = python or default_python()
+        if not shutil.which(self.python) and not os.access(self.python, os.X_OK):
+            raise SandboxError(f"sandbox interpreter '{self.python}' not found")
+        self.size = max(1, workers)
+        self._idle: queue.Queue[_Worker] = queue.Queue()
+        for _ in range(self.size):
+            self._idle.put(_Worker(self.python))
+        self._pool = ThreadPoolExecutor(max_workers=self.size, thread_name_prefix="sandbox")
+        self._lock = threading.Lock()
+        self._closed = False
+        atexit.register(self.close)
+
+    # --------------------------------------------------------------------------------- execution
+
+    def execute(self, req: ExecRequest) -> dict[str, Any]:
+        """Run one request on an idle worker; the raw worker response (see `_worker.collect`)."""
+        if req.language != "python":
+            raise SandboxError(f"language '{req.language}' is not supported by this sandbox (python only)")
+        lim = req.limits
+        payload = {
+            "code": req.code,
+            "stdin": req.stdin,
+            "entry_point": req.entry_point,
+            "calls": req.calls,
+            "timeout_s": lim.timeout_s,
+            "cpu_s": lim.cpu_s,
+            "memory_mb": lim.memory_mb,
+            "max_output_bytes": lim.max_output_bytes,
+            "max_file_bytes": lim.max_file_bytes,
+            "max_processes": lim.max_processes,
+        }
+        worker = self._idle.get()
+        try:
+            return worker.request(payload, lim.timeout_s + WORKER_GRACE_S)
+        except SandboxError as e:
+            worker.close()
+            worker = _Worker(self.python)  # replace the broken worker; this request fails
+            return {"status": "sandbox_error", "stderr": str(e)}
+        finally:
+            self._idle.put(worker)
+
+    def run(
+        self,
+        code: str,
+        *,
+        language: str = "python",
+        stdin: str | None = None,
+        timeout_s: float | None = None,
+        memory_mb: int | None = None,
+    ) -> ExecResult:
+        return self.run_batch([self.request(code, language=language, stdin=stdin, timeout_s=timeout_s,
+                                            memory_mb=memory_mb)])[0]
+
+    def request(self, code: str, *, timeout_s: float | None = None, memory_mb: int | None = None,
+                **kw: Any) -> ExecRequest:
+        limits = self.limits
+        if timeout_s is not None:
+            limits = replace(limits, timeout_s=timeout_s, cpu_s=min(limits.cpu_s, timeout_s))
+        if memory_mb is not None:
+            limits = replace(limits, memory_mb=memory_mb)
+        return ExecRequest(code=code, limits=limits, **kw)
+
+    def run_batch(self, requests: list[ExecRequest], *, concurrency: int | None = None) -> list[ExecResult]:
+        """Execute requests in parallel (at most `concurrency`, default the pool size); results in order."""
+        raw = self._map(self.execute, requests, concurrency)
+        return [_to_result(r) for r in raw]
+
+    def run_tests(self, task: Task, code: str) -> ExecResult:
+        return self.run_tests_batch([(task, code)])[0]
+
+    def run_tests_batch(
+        self, items: list[tuple[Task, str]], *, concurrency: int | None = None
+    ) -> list[ExecResult]:
+        """Run each program against its task's hidden tests; per-test verdicts are decided here."""
+        jobs: list[ExecRequest] = []
+        spans: list[tuple[int, int]] = []
+        for task, code in items:
+            reqs = test_requests(task, code, self.limits)
+            spans.append((len(jobs), len(jobs) + len(reqs)))
+            jobs += reqs
+        raw = self._map(self.execute, jobs, concurrency)
+        return [grade(task, raw[a:b]) for (task, _), (a, b) in zip(items, spans)]
+
+    def _map(self, fn, items: list, concurrency: int | None) -> list:
+        if self._closed:
+            raise SandboxError("sandbox is closed")
+        if len(items) <= 1 or (concurrency or self.size) == 1:
+            return [fn(x) for x in items]
+        if concurrency and concurrency < self.size:
+            with ThreadPoolExecutor(max_workers=concurrency) as pool:
+                return list(pool.map(fn, items))
+        return list(self._pool.map(fn, items))
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._pool.shutdown(wait=True)
+        while not self._idle.empty():
+            self._idle.get().close()
+
+    def __enter__(self) -> LocalSandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# ------------------------------------------------------------------------------------------ verdicts
+
+
+def test_requests(task: Task, code: str, limits: SandboxLimits) -> list[ExecRequest]:
+    """Function-call tasks: one execution calls the entry point on every input. stdin tasks: one per case."""
+    if task.tests[0].is_call:
+        calls = [list(t.input) for t in task.tests]
+        return [ExecRequest(code=code, language=task.language, entry_point=task.entry_point, calls=calls,
+                            limits=limits)]
+    return [ExecRequest(code=code, language=task.language, stdin=t.stdin, limits=limits) for t in task.tests]
+
+
+def grade(task: Task, raw: list[dict[str, Any]]) -> ExecResult:
+    """Turn worker responses for a task into one ExecResult with a verdict per hidden test."""
+    if task.tests[0].is_call:
+        result = _to_result(raw[0])
+        calls = raw[0].get("calls") or [None] * len(task.tests)
+        result.tests = [_grade_call(i, t, c, result) for i, (t, c) in enumerate(zip(task.tests, calls))]
+        return result
+    results = [_to_result(r) for r in raw]
+    tests = []
+    for i, (t, r) in enumerate(zip(task.tests, results)):
+        name = t.name or f"test_{i}"
+        if r.status != "ok":
+            tests.append(TestResult(name, False, f"{r.status}: {_tail(r.stderr)}"))
+        elif normalize_stdout(r.stdout) == normalize_stdout(t.stdout or ""):
+            tests.append(TestResult(name, True))
+        else:
+            tests.append(TestResult(name, False, f"expected stdout {_short(t.stdout)}, got {_short(r.stdout)}"))
+    worst = next((r for r in results if r.status != "ok"), results[0])
+    merged = replace(worst, tests=tests, flags=sorted({f for r in results for f in r.flags}))
+    merged.wall_time_s = sum(r.wall_time_s for r in results)
+    merged.cpu_time_s = sum(r.cpu_time_s for r in results)
+    merged.max_rss_mb = max(r.max_rss_mb for r in results)
+    return merged
+
+
+def _grade_call(i: int, test: TestCase, call: dict[str, Any] | None, result: ExecResult) -> TestResult:
+    name = test.name or f"test_{i}"
+    if call is None:
+        why = {"timeout": "timed out", "memory_limit": "out of memory", "output_limit": "output limit"}.get(
+            result.status, "the program ended before this test ran")
+        return TestResult(name, False, f"no result: {why}" + (f"\n{_tail(result.stderr)}" if result.stderr else ""))
+    if not call.get("ok"):
+        return TestResult(name, False, call.get("error", "error"))
+    try:
+        actual = parse_value(call["value"])
+    except ValueError:
+        return TestResult(name, False, f"returned a value that is not a plain literal: {_short(call['value'])}")
+    if compare_values(actual, test.output):
+        return TestResult(name, True)
+    args = ", ".join(map(repr, test.input or []))
+    return TestResult(name, False, f"f({args}) returned {_short(call['value'])}, expected {test.output!r}")
+
+
+def parse_value(text: str) -> Any:
+    """The value a program returned, from its repr, as plain data (never executes anything)."""
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError, MemoryError, RecursionError, TypeError):
+        specials = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
+        if text in specials:
+            return specials[text]
+        raise ValueError(text) from None
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+def compare_values(actual: Any, expected: Any, rel_tol: float = 1e-6, abs_tol: float = 1e-9) -> bool:
+    """Python `==` on plain data, except that tuples equal lists and floats compare with a tolerance."""
+    a, e = _plain(actual), _plain(expected)
+    if isinstance(a, float) or isinstance(e, float):
+        if isinstance(a, (int, float)) and isinstance(e, (int, float)):
+            return math.isclose(a, e, rel_tol=rel_tol, abs_tol=abs_tol) or (math.isnan(a) and math.isnan(e))
+        return False
+    if isinstance(a, list) and isinstance(e, list):
+        return len(a) == len(e) and all(compare_values(x, y, rel_tol, abs_tol) for x, y in zip(a, e))
+    if isinstance(a, dict) and isinstance(e, dict):
+        return a.keys() == e.keys() and all(compare_values(a[k], e[k], rel_tol, abs_tol) for k in a)
+    return a == e
+
+
+def normalize_stdout(text: str) -> str:
+    return "\n".join(line.rstrip() for line in text.strip().splitlines())
+
+
+def _short(text: Any, n: int = 200) -> str:
+    s = text if isinstance(text, str) else repr(text)
+    return s if len(s) <= n else s[:n] + "..."
+
+
+def _tail(text: str, n: int = 600) -> str:
+    return text if len(text) <= n else "..." + text[-n:]
+
+
+def _to_result(raw: dict[str, Any]) -> ExecResult:
+    fields = {k: raw[k] for k in ExecResult.__dataclass_fields__ if k in raw and k != "tests"}
+    return ExecResult(**fields)

@@ -1,0 +1,114 @@
+"""Supervised warm-up on reference solutions: token-mean NLL of the completion given the prompt."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+
+from tempering.algos import masked_mean
+from tempering.rollout.generate import encode_prompt, left_pad
+from tempering.training.forward import response_logprobs
+from tempering.training.optim import make_optimizer, make_scheduler
+from tempering.types import Task
+
+
+def sft_completion(task: Task) -> str:
+    """The text the model should write after the prompt, derived from the reference solution.
+
+    If the reference repeats the prompt, the rest of it; if it repeats only the prompt's first line (the
+    `def` line of a function-synthesis task), the body after it; otherwise the whole reference.
+    """
+    ref = task.reference_solution or ""
+    if ref.startswith(task.prompt):
+        return ref[len(task.prompt):]
+    first = task.prompt.split("\n", 1)[0]
+    if first and ref.startswith(first + "\n"):
+        return ref[len(first) + 1:]
+    return ref
+
+
+def encode_examples(tokenizer, tasks: list[Task]) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, completion ids + EOS) for every task with a reference solution."""
+    eos = tokenizer.eos_token_id
+    out = []
+    for task in tasks:
+        if task.reference_solution:
+            completion = tokenizer(sft_completion(task), add_special_tokens=False).input_ids
+            out.append((encode_prompt(tokenizer, task.prompt), completion + [eos]))
+    return out
+
+
+def length_grouped_batches(
+    lengths: list[int], batch_size: int, generator: torch.Generator, group: int = 32
+) -> list[list[int]]:
+    """One epoch of batches of similar length (HF's LengthGroupedSampler idea): shuffle, cut into chunks of
+    `group` batches, sort each chunk by length, split it into batches, shuffle the batches. Padding, the
+    main waste on CPU, drops to nearly nothing while each batch stays a random draw."""
+    order = torch.randperm(len(lengths), generator=generator).tolist()
+    chunk = batch_size * group
+    batches = []
+    for start in range(0, len(order), chunk):
+        part = sorted(order[start: start + chunk], key=lambda i: lengths[i])
+        batches += [part[i: i + batch_size] for i in range(0, len(part), batch_size)]
+    return [batches[i] for i in torch.randperm(len(batches), generator=generator).tolist()]
+
+
+def collate_sft(examples: list[tuple[list[int], list[int]]], pad_id: int):
+    prompt_ids, prompt_mask = left_pad([p for p, _ in examples], pad_id)
+    width = max(len(c) for _, c in examples)
+    response_ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
+    response_mask = torch.zeros((len(examples), width))
+    for i, (_, c) in enumerate(examples):
+        response_ids[i, : len(c)] = torch.tensor(c)
+        response_mask[i, : len(c)] = 1.0
+    return prompt_ids, prompt_mask, response_ids, response_mask
+
+
+def run_sft(
+    model,
+    tokenizer,
+    tasks: list[Task],
+    *,
+    steps: int,
+    batch_size: int,
+    lr: float,
+    warmup_steps: int,
+    schedule: str = "constant",
+    weight_decay: float = 0.0,
+    seed: int = 0,
+    max_grad_norm: float = 1.0,
+    on_step: Callable[[int, dict[str, float]], None] | None = None,
+) -> list[dict[str, float]]:
+    """Train `steps` steps on length-grouped minibatches of reference completions; returns per-step metrics."""
+    examples = encode_examples(tokenizer, tasks)
+    if not examples:
+        raise ValueError("SFT needs tasks with a reference_solution; none of the training tasks has one")
+    optimizer = make_optimizer(model, lr=lr, weight_decay=weight_decay)
+    scheduler = make_scheduler(optimizer, warmup_steps=warmup_steps, total_steps=steps, schedule=schedule)
+    generator = torch.Generator().manual_seed(seed)
+    device = next(model.parameters()).device
+    lengths = [len(p) + len(c) for p, c in examples]
+    batches: list[list[int]] = []
+    history = []
+    model.train()
+    for step in range(1, steps + 1):
+        start = time.perf_counter()
+        if not batches:
+            batches = length_grouped_batches(lengths, batch_size, generator)
+        index = batches.pop()
+        tensors = [t.to(device) for t in collate_sft([examples[i] for i in index], tokenizer.pad_token_id)]
+        logprobs, _ = response_logprobs(model, *tensors)
+        loss = -masked_mean(logprobs, tensors[3])
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+        optimizer.step()
+        scheduler.step()
+        row = {"step": step, "sft/loss": float(loss.detach()), "sft/grad_norm": float(grad_norm),
+               "sft/lr": scheduler.get_last_lr()[0], "timing_s/step": time.perf_counter() - start}
+        history.append(row)
+        if on_step:
+            on_step(step, row)
+    return history

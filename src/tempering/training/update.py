@@ -1,0 +1,65 @@
+"""One policy update on a rollout batch: PPO epochs over shuffled minibatches."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch
+
+from tempering.algos import KL_ESTIMATORS, masked_mean
+from tempering.algos.losses import PolicyLoss
+from tempering.rollout.batch import RolloutBatch
+from tempering.training.forward import response_logprobs
+
+
+def update_policy(
+    model,
+    optimizer: torch.optim.Optimizer,
+    batch: RolloutBatch,
+    *,
+    policy_loss: PolicyLoss,
+    generator: torch.Generator,
+    ppo_epochs: int = 1,
+    minibatches: int = 1,
+    clip_ratio: float = 0.2,
+    loss_agg: str = "token-mean",
+    kl_coef: float = 0.0,
+    kl_estimator: str = "k3",
+    entropy_coef: float = 0.0,
+    max_grad_norm: float = 1.0,
+    temperature: float = 1.0,
+) -> dict[str, float]:
+    """Run `ppo_epochs` x `minibatches` optimizer steps; returns the mean of each metric over them."""
+    assert batch.advantages is not None, "compute advantages before the update"
+    model.train()
+    sums: dict[str, float] = defaultdict(float)
+    n_steps = 0
+    for _ in range(ppo_epochs):
+        order = torch.randperm(len(batch), generator=generator)
+        for index in order.chunk(minibatches):
+            mb = batch.select(index).trim()
+            mask = mb.response_mask
+            logprobs, entropy = response_logprobs(
+                model, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mask,
+                temperature=temperature, with_entropy=True,
+            )
+            pg_loss, pg_metrics = policy_loss(
+                logprobs, mb.old_logprobs, mb.advantages, mask, clip_ratio=clip_ratio, loss_agg=loss_agg
+            )
+            entropy_mean = masked_mean(entropy, mask)
+            loss = pg_loss - entropy_coef * entropy_mean
+            if kl_coef > 0:
+                kl = masked_mean(KL_ESTIMATORS[kl_estimator](logprobs, mb.ref_logprobs), mask)
+                loss = loss + kl_coef * kl
+                sums["actor/kl_loss"] += float(kl.detach())
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+            optimizer.step()
+            n_steps += 1
+            sums["actor/pg_loss"] += float(pg_loss.detach())
+            sums["actor/entropy"] += float(entropy_mean.detach())
+            sums["actor/grad_norm"] += float(grad_norm)
+            for k, v in pg_metrics.items():
+                sums[f"actor/{k}"] += float(v)
+    return {k: v / n_steps for k, v in sums.items()}

@@ -1,0 +1,165 @@
+"""The data that flows between tempering's components.
+
+Tasks and test cases are pydantic models because they are read from user files and must be validated;
+everything produced inside a run (execution results, trajectories, reward results) is a plain dataclass.
+Tensor batches live in `tempering.rollout.batch`, next to the code that builds them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, model_validator
+
+# ----------------------------------------------------------------------------------------------- tasks
+
+
+class TestCase(BaseModel):
+    """One check of a program: a function call (`input` -> `output`) or a stdin/stdout exchange."""
+
+    model_config = ConfigDict(extra="forbid")
+    __test__ = False  # not a pytest test class
+
+    name: str = ""
+    """Shown in per-test results; defaults to `test_<index>`."""
+    input: list[Any] | None = None
+    """Positional arguments for the entry point (function-style tasks)."""
+    output: Any = None
+    """Expected return value of the entry point (JSON value; tuples compare equal to lists)."""
+    stdin: str | None = None
+    """Standard input for the whole program (stdin/stdout tasks)."""
+    stdout: str | None = None
+    """Expected standard output (compared after stripping trailing whitespace on each line)."""
+    tags: list[str] = []
+    """Free labels, e.g. `edge` for edge cases (weighted by process rewards)."""
+
+    @model_validator(mode="after")
+    def _one_style(self) -> TestCase:
+        if (self.input is None) == (self.stdin is None):
+            raise ValueError("a test case needs exactly one of 'input' (function call) or 'stdin' (program)")
+        if self.stdin is not None and self.stdout is None:
+            raise ValueError("a stdin test case needs the expected 'stdout'")
+        return self
+
+    @property
+    def is_call(self) -> bool:
+        return self.input is not None
+
+
+class Task(BaseModel):
+    """A programming task: the prompt the policy sees, and the hidden tests its answer is executed against."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    """Unique within a task file."""
+    domain: str
+    """Task family, used for mixture weights and per-domain metrics."""
+    prompt: str
+    """Text given to the model; the completion is appended to it to form the program."""
+    entry_point: str | None = None
+    """Function the tests call; None for stdin/stdout tasks."""
+    tests: list[TestCase]
+    """Hidden tests: never shown to the model."""
+    examples: list[TestCase] = []
+    """The input/output examples shown in the prompt (used by the hard-coding guard)."""
+    reference_solution: str | None = None
+    """A correct program; used by SFT and by checks, never by RL."""
+    language: str = "python"
+    """Language the completion is executed as."""
+    metadata: dict[str, Any] = {}
+    """Anything else (template name, difficulty, source)."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Task:
+        if not self.tests:
+            raise ValueError("a task needs at least one test")
+        calls = {t.is_call for t in self.tests}
+        if len(calls) > 1:
+            raise ValueError("tests mix function calls and stdin/stdout cases")
+        if calls == {True} and not self.entry_point:
+            raise ValueError("function-call tests need an 'entry_point'")
+        return self
+
+
+# ----------------------------------------------------------------------------------------- execution
+
+ExecStatus = Literal[
+    "ok", "runtime_error", "compile_error", "timeout", "memory_limit", "output_limit", "killed", "sandbox_error"
+]
+EXEC_STATUSES: tuple[str, ...] = ExecStatus.__args__  # type: ignore[attr-defined]
+
+
+@dataclass
+class TestResult:
+    __test__ = False  # not a pytest test class
+
+    name: str
+    passed: bool
+    error: str | None = None
+
+
+@dataclass
+class ExecResult:
+    """What one sandboxed execution did (DESIGN.md, "Sandbox result")."""
+
+    status: str
+    exit_code: int | None = None
+    signal: int | None = None
+    stdout: str = ""
+    stderr: str = ""
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    wall_time_s: float = 0.0
+    cpu_time_s: float = 0.0
+    max_rss_mb: float = 0.0
+    tests: list[TestResult] = field(default_factory=list)
+    flags: list[str] = field(default_factory=list)
+    """Suspicious behaviour seen by the harness (e.g. `exit_before_tests`, `non_builtin_output`)."""
+
+    @property
+    def passed_fraction(self) -> float:
+        return sum(t.passed for t in self.tests) / len(self.tests) if self.tests else 0.0
+
+    @property
+    def all_passed(self) -> bool:
+        return bool(self.tests) and all(t.passed for t in self.tests)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ExecResult:
+        data = dict(data)
+        data["tests"] = [TestResult(**t) for t in data.get("tests", [])]
+        return cls(**data)
+
+
+# ------------------------------------------------------------------------------------------ rollouts
+
+
+@dataclass
+class Trajectory:
+    """One sampled answer to a task, with what executing it did."""
+
+    task: Task
+    group_id: int
+    """Index of the task within its rollout batch; the `group_size` samples of a task share it."""
+    completion: str
+    truncated: bool
+    """True when generation hit `max_new_tokens` before the end-of-sequence token."""
+    exec_result: ExecResult | None = None
+
+    @property
+    def program(self) -> str:
+        return self.task.prompt + self.completion
+
+
+@dataclass
+class RewardResult:
+    """A scalar reward plus the named components it was made of (each logged as reward/<name>/mean)."""
+
+    score: float
+    components: dict[str, float] = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict)

@@ -1,0 +1,40 @@
+"""Shared fixtures: a few built-in tasks, a tiny model directory, a sandbox."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tempering.data import generate_tasks
+from tempering.models.loading import build_tiny_model, load_model, load_tokenizer, save_model
+from tempering.models.tokenizer import train_tokenizer
+from tempering.sandbox import LocalSandbox
+from tempering.training.sft import sft_completion
+
+
+@pytest.fixture(scope="session")
+def tasks():
+    train, heldout = generate_tasks(200, 24, seed=7)
+    return train, heldout
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, tasks):
+    """A real Hugging Face model directory (tokenizer included) of a randomly initialised tiny Llama."""
+    train, _ = tasks
+    tokenizer = train_tokenizer([t.prompt + sft_completion(t) for t in train], vocab_size=320)
+    model = build_tiny_model(tokenizer, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,
+                             max_length=192, seed=0)
+    return save_model(model, tokenizer, tmp_path_factory.mktemp("tiny") / "model")
+
+
+@pytest.fixture()
+def tiny(tiny_model_dir):
+    torch.manual_seed(0)
+    return load_model(tiny_model_dir), load_tokenizer(tiny_model_dir)
+
+
+@pytest.fixture(scope="session")
+def sandbox():
+    with LocalSandbox(workers=2) as sb:
+        yield sb

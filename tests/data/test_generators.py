@@ -1,0 +1,56 @@
+from collections import Counter
+
+from tempering.data import DOMAINS, TaskSampler, generate_tasks
+from tempering.data.generators import split_functions
+
+
+def test_at_least_six_domains_with_examples_and_hidden_tests(tasks):
+    train, heldout = tasks
+    assert len(DOMAINS) >= 6
+    assert set(Counter(t.domain for t in train)) == set(DOMAINS)
+    for task in train[:50]:
+        assert len(task.examples) == 3 and len(task.tests) == 8
+        assert task.prompt.startswith("def f(") and ">>> f(" in task.prompt
+        for example in task.examples:  # the examples are shown; the hidden tests are not
+            assert repr(example.output) in task.prompt
+        assert not {repr(t.input) for t in task.tests} & {repr(e.input) for e in task.examples}
+
+
+def test_splits_are_deterministic_by_seed():
+    a = generate_tasks(50, 10, seed=3)
+    b = generate_tasks(50, 10, seed=3)
+    c = generate_tasks(50, 10, seed=4)
+    assert a == b
+    assert a != c
+
+
+def test_no_heldout_function_or_prompt_in_training():
+    train_fns, heldout_fns = split_functions(seed=0)
+    key = lambda f: (f.template.name, f.body)  # noqa: E731
+    assert not {key(f) for f in train_fns} & {key(f) for f in heldout_fns}
+    train, heldout = generate_tasks(3000, 300, seed=0)
+    assert not {t.metadata["body"] for t in heldout} & {t.metadata["body"] for t in train}
+    assert not {t.prompt for t in heldout} & {t.prompt for t in train}
+
+
+def test_reference_solutions_pass_their_hidden_tests_in_the_sandbox(tasks, sandbox):
+    train, heldout = tasks
+    sample = train[:60] + heldout
+    results = sandbox.run_tests_batch([(t, t.reference_solution) for t in sample])
+    failed = [(t.id, r.status, r.tests) for t, r in zip(sample, results) if not r.all_passed]
+    assert not failed
+    # ... and the bare prompt (no body) passes none.
+    results = sandbox.run_tests_batch([(t, t.prompt + "    return None\n") for t in sample[:20]])
+    assert not any(r.all_passed for r in results)
+
+
+def test_sampler_resumes_exactly(tasks):
+    train, _ = tasks
+    a = TaskSampler(train, seed=5)
+    first = [t.id for t in a.next_batch(150)]
+    state = a.state_dict()
+    rest = [t.id for t in a.next_batch(120)]  # crosses an epoch boundary (200 tasks)
+    b = TaskSampler(train, seed=5)
+    b.load_state_dict(state)
+    assert [t.id for t in b.next_batch(120)] == rest
+    assert len(set(first)) == 150  # without replacement inside an epoch

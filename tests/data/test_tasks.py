@@ -1,0 +1,49 @@
+import json
+
+import pytest
+
+from tempering.data import load_tasks, save_tasks
+from tempering.errors import TaskFileError
+
+GOOD = {"id": "t1", "domain": "d", "prompt": "def f(x):\n", "entry_point": "f",
+        "tests": [{"input": [1], "output": 2}]}
+
+
+def write(path, lines):
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_round_trip(tmp_path, tasks):
+    train, _ = tasks
+    path = save_tasks(train[:20], tmp_path / "t.jsonl")
+    assert load_tasks(path) == train[:20]
+
+
+def test_malformed_json_names_file_and_line(tmp_path):
+    path = write(tmp_path / "t.jsonl", [json.dumps(GOOD), "", '{"id": "t2", "domain": '])
+    with pytest.raises(TaskFileError, match=r"t\.jsonl:3: not valid JSON"):
+        load_tasks(path)
+
+
+def test_schema_error_names_line_and_field(tmp_path):
+    bad = dict(GOOD, id="t2", tests=[{"output": 2}])
+    path = write(tmp_path / "t.jsonl", [json.dumps(GOOD), json.dumps(bad)])
+    with pytest.raises(TaskFileError, match=r"t\.jsonl:2: invalid task: tests\.0.*exactly one of 'input'"):
+        load_tasks(path)
+    path = write(tmp_path / "u.jsonl", [json.dumps({k: v for k, v in GOOD.items() if k != "prompt"})])
+    with pytest.raises(TaskFileError, match=r"u\.jsonl:1: invalid task: prompt: Field required"):
+        load_tasks(path)
+    path = write(tmp_path / "v.jsonl", [json.dumps(dict(GOOD, colour="red"))])
+    with pytest.raises(TaskFileError, match="colour"):
+        load_tasks(path)
+
+
+def test_duplicate_ids_and_empty_files(tmp_path):
+    path = write(tmp_path / "t.jsonl", [json.dumps(GOOD), json.dumps(GOOD)])
+    with pytest.raises(TaskFileError, match="line 2.*duplicate task id 't1' \\(first on line 1\\)|:2: duplicate"):
+        load_tasks(path)
+    with pytest.raises(TaskFileError, match="holds no tasks"):
+        load_tasks(write(tmp_path / "e.jsonl", [""]))
+    with pytest.raises(TaskFileError, match="does not exist"):
+        load_tasks(tmp_path / "missing.jsonl")

@@ -1,0 +1,146 @@
+"""End-to-end runs of the smoke recipe through the `tempering` command."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+VOLATILE = ("timing_s/", "perf/")
+
+
+def tempering(*args, check=True, **kw):
+    proc = subprocess.run([sys.executable, "-m", "tempering.cli", *map(str, args)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=600, **kw)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"tempering {' '.join(map(str, args))} failed:\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def stable(rows):
+    return [{k: v for k, v in r.items() if not k.startswith(VOLATILE)} for r in rows]
+
+
+def metrics(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("runs") / "smoke"
+    tempering("train", "configs/smoke.yaml", f"run.dir={run_dir}")
+    return run_dir
+
+
+@pytest.mark.slow
+def test_smoke_run_writes_the_run_directory(smoke_run):
+    summary = json.loads((smoke_run / "summary.json").read_text())
+    for key in ("heldout_pass@1_before", "heldout_pass@1_after", "heldout_greedy_pass@1_before",
+                "heldout_greedy_pass@1_after", "wall_time_s"):
+        assert 0 <= summary[key] <= (1 if "pass" in key else 1e6)
+    rows = metrics(smoke_run)
+    assert [r["step"] for r in rows] == list(range(1, 7))
+    for key in ("reward/mean", "reward/std", "reward/tests/mean", "reward/format/mean", "actor/pg_loss",
+                "actor/pg_clipfrac", "actor/ppo_kl", "actor/entropy", "actor/grad_norm", "actor/lr",
+                "critic/advantages/mean", "response_length/mean", "response_length/clip_ratio",
+                "timing_s/gen", "timing_s/reward", "timing_s/update", "timing_s/step", "perf/tokens_per_s"):
+        assert key in rows[0], key
+    assert "val/pass@1" in rows[2] and "val/greedy_pass@1" in rows[2]
+    assert (smoke_run / "checkpoints" / "LATEST").read_text().strip() == "step_000006"
+    assert len(list((smoke_run / "samples").glob("step_*.jsonl"))) == 6
+    assert list((smoke_run / "tb").glob("events.out.tfevents.*"))
+    assert (smoke_run / "plot.png").read_bytes()[:4] == b"\x89PNG"
+    assert "seed: 0" in (smoke_run / "config.yaml").read_text()
+    assert (smoke_run / "checkpoints" / "step_000006" / "config.yaml").read_text() == (
+        smoke_run / "config.yaml").read_text()
+
+
+@pytest.mark.slow
+def test_rl_changes_the_policy(smoke_run):
+    from safetensors.torch import load_file
+
+    before = load_file(smoke_run / "sft" / "model" / "model.safetensors")
+    after = load_file(smoke_run / "checkpoints" / "step_000006" / "model" / "model.safetensors")
+    assert any((before[k] != after[k]).any() for k in before)
+
+
+@pytest.mark.slow
+def test_sigkill_after_a_checkpoint_then_resume_gives_identical_metrics(smoke_run, tmp_path):
+    """The uninterrupted smoke run is the reference; a second run is SIGKILLed right after checkpoint 2."""
+    run_dir = tmp_path / "killed"
+    proc = subprocess.Popen([sys.executable, "-m", "tempering.cli", "train", "configs/smoke.yaml",
+                             f"run.dir={run_dir}"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    latest = run_dir / "checkpoints" / "LATEST"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        if latest.is_file() and latest.read_text().strip() == "step_000002":
+            break
+        time.sleep(0.01)
+    assert proc.poll() is None, "the run ended before it could be killed"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (run_dir / "summary.json").exists()
+    tempering("train", "configs/smoke.yaml", f"run.dir={run_dir}")
+    assert stable(metrics(run_dir)) == stable(metrics(smoke_run))
+    assert json.loads((run_dir / "summary.json").read_text())["heldout_pass@1_after"] == json.loads(
+        (smoke_run / "summary.json").read_text())["heldout_pass@1_after"]
+
+
+@pytest.mark.slow
+def test_rerunning_a_finished_run_changes_nothing(smoke_run):
+    before = (smoke_run / "metrics.jsonl").read_text()
+    tempering("train", smoke_run)  # a run directory as the config argument
+    assert (smoke_run / "metrics.jsonl").read_text() == before
+
+
+def test_bad_inputs_fail_with_one_line_and_lose_nothing(tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "notes.txt").write_text("keep me")
+    bad_tasks = tmp_path / "tasks.jsonl"
+    bad_tasks.write_text('{"id": "a", "domain": "d", "prompt": "p", "tests": [{"input": [1], "output": 1}], '
+                         '"entry_point": "f"}\n{"id": "b"\n')
+    cases = [
+        (["algo.lrr=1"], "unknown config key 'algo.lrr'"),
+        (["model.path=/nonexistent/model"], "model path '/nonexistent/model' does not exist"),
+        ([f"data.train_file={bad_tasks}"], f"{bad_tasks}:2: not valid JSON"),
+        (["algo.estimator=nope"], "algo.estimator: unknown name 'nope'"),
+    ]
+    for overrides, message in cases:
+        proc = tempering("train", "configs/smoke.yaml", f"run.dir={run_dir}", *overrides, check=False)
+        assert proc.returncode == 2, proc.stderr
+        assert message in proc.stderr
+        assert proc.stderr.strip().count("\n") == 0, proc.stderr  # one line, no traceback
+    assert sorted(p.name for p in run_dir.iterdir()) == ["notes.txt"]
+    assert (run_dir / "notes.txt").read_text() == "keep me"
+
+
+@pytest.mark.slow
+def test_eval_command_on_a_checkpoint(smoke_run, tmp_path):
+    out = tmp_path / "eval.json"
+    proc = tempering("eval", smoke_run / "checkpoints" / "step_000006", "--tasks", smoke_run / "data" / "heldout.jsonl",
+                     "--samples", "3", "--k", "1,2", "--out", out)
+    report = json.loads(out.read_text())
+    assert report["num_tasks"] == 24 and set(report["overall"]) == {"pass@1", "pass@2"}
+    assert "arithmetic" in proc.stdout and "pass@2" in proc.stdout
+
+
+def test_sandbox_run_prints_exec_result_json(tmp_path):
+    prog = tmp_path / "p.py"
+    prog.write_text("print(input() * 2)")
+    stdin = tmp_path / "in.txt"
+    stdin.write_text("ab\n")
+    proc = tempering("sandbox", "run", prog, "--stdin", stdin, "--json")
+    result = json.loads(proc.stdout)
+    assert result["status"] == "ok" and result["stdout"] == "abab\n"
+    for key in ("exit_code", "signal", "stderr", "stdout_truncated", "stderr_truncated", "wall_time_s",
+                "cpu_time_s", "max_rss_mb", "tests"):
+        assert key in result
+    prog.write_text("while True: pass")
+    proc = tempering("sandbox", "run", prog, "--timeout", "0.3", "--json", check=False)
+    assert proc.returncode == 1 and json.loads(proc.stdout)["status"] == "timeout"

@@ -1,0 +1,78 @@
+import torch
+
+from tempering.algos import grpo, ppo_clip_loss
+from tempering.rollout.batch import RolloutBatch
+from tempering.rollout.generate import generate, encode_prompt
+from tempering.training.forward import response_logprobs
+from tempering.training.optim import make_optimizer, make_scheduler
+from tempering.training.sft import encode_examples, run_sft, sft_completion
+from tempering.training.update import update_policy
+
+
+def test_sft_completion_is_the_body_after_the_signature(tasks):
+    task = tasks[0][0]
+    body = sft_completion(task)
+    assert body.startswith("    ") and task.prompt + body != task.reference_solution
+    assert task.reference_solution.endswith(body)
+
+
+def test_sft_learns_the_training_examples(tiny, tasks):
+    model, tokenizer = tiny
+    few = tasks[0][:8]
+    history = run_sft(model, tokenizer, few, steps=60, batch_size=8, lr=3e-3, warmup_steps=5, seed=0)
+    assert history[-1]["sft/loss"] < 0.5 * history[0]["sft/loss"]
+    # The first completion is now the greedy answer (memorised).
+    prompt, completion = encode_examples(tokenizer, few[:1])[0]
+    gen = generate(model, tokenizer, [prompt], max_new_tokens=len(completion) + 2, greedy=True)
+    assert gen.response_ids[0, : len(completion)].tolist() == completion
+
+
+def make_batch(model, tokenizer, tasks, rewards):
+    prompts = [encode_prompt(tokenizer, t.prompt) for t in tasks for _ in range(2)]
+    gen = generate(model, tokenizer, prompts, max_new_tokens=6, generator=torch.Generator().manual_seed(0))
+    batch = RolloutBatch(gen.prompt_ids, gen.prompt_mask, gen.response_ids, gen.response_mask, gen.logprobs,
+                         torch.tensor(rewards), torch.arange(len(prompts)) // 2)
+    batch.advantages, batch.returns = grpo(batch.rewards, batch.response_mask, batch.group_ids)
+    return batch
+
+
+def test_update_raises_the_likelihood_of_rewarded_samples(tiny, tasks):
+    model, tokenizer = tiny
+    batch = make_batch(model, tokenizer, tasks[0][:2], [1.0, 0.0, 0.0, 1.0])
+    opt = make_optimizer(model, lr=1e-2)
+
+    def seq_logp():
+        with torch.no_grad():
+            lp, _ = response_logprobs(model, batch.prompt_ids, batch.prompt_mask, batch.response_ids,
+                                      batch.response_mask)
+        return (lp * batch.response_mask).sum(1)
+
+    before = seq_logp()
+    metrics = update_policy(model, opt, batch, policy_loss=ppo_clip_loss, generator=torch.Generator().manual_seed(0),
+                            ppo_epochs=2, minibatches=2)
+    after = seq_logp()
+    delta = after - before
+    assert delta[0] > delta[1] and delta[3] > delta[2]  # winners gain relative to losers in each group
+    assert {"actor/pg_loss", "actor/entropy", "actor/grad_norm", "actor/pg_clipfrac", "actor/ppo_kl"} <= set(metrics)
+
+
+def test_zero_advantage_batch_leaves_weights_unchanged(tiny, tasks):
+    model, tokenizer = tiny
+    batch = make_batch(model, tokenizer, tasks[0][:2], [0.5, 0.5, 1.0, 1.0])  # no variance in either group
+    before = [p.detach().clone() for p in model.parameters()]
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)  # plain SGD: zero gradient means no step at all
+    update_policy(model, opt, batch, policy_loss=ppo_clip_loss, generator=torch.Generator().manual_seed(0))
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def test_schedule_warmup_then_constant_or_cosine():
+    p = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([p], lr=1.0)
+    sched = make_scheduler(opt, warmup_steps=4, total_steps=10, schedule="cosine")
+    lrs = []
+    for _ in range(10):
+        lrs.append(sched.get_last_lr()[0])
+        opt.step()
+        sched.step()
+    assert lrs[:4] == [0.25, 0.5, 0.75, 1.0]
+    assert lrs[4] > lrs[9] >= 0.1
