@@ -7,6 +7,7 @@ Each component is logged on its own as `reward/<name>/mean`. A component is a na
 from __future__ import annotations
 
 import ast
+import warnings
 from collections.abc import Callable, Mapping
 
 from tempering.algos import lookup
@@ -25,7 +26,9 @@ def well_formed(task: Task, traj: Trajectory) -> float:
     if traj.truncated:
         return 0.0
     try:
-        tree = ast.parse(traj.program)
+        with warnings.catch_warnings():  # model text often has e.g. `1if`; its SyntaxWarnings are noise
+            warnings.simplefilter("ignore", SyntaxWarning)
+            tree = ast.parse(traj.program)
     except (SyntaxError, ValueError):
         return 0.0
     if task.entry_point is None:
