@@ -62,6 +62,9 @@ class DataSection(Section):
     """Built-in generator: held-out tasks (functions never seen in training)."""
     seed: int = 1234
     """Built-in generator: seed of the task generator and of the train/held-out split."""
+    sft_fraction: float = 1.0
+    """Share of training functions whose reference solutions SFT uses; RL trains on the other functions
+    (disjoint). 1.0 = SFT and RL both use every training task."""
 
 
 class SFTSection(Section):
@@ -119,6 +122,9 @@ class AlgoSection(Section):
     """Weight of the entropy bonus."""
     max_grad_norm: float = 1.0
     """Gradient clipping threshold."""
+    skip_zero_advantage: bool = True
+    """Leave samples whose advantage is zero on every token (groups whose rewards are all equal) out of
+    the update: their policy gradient is zero, so they only cost time and dilute the token mean (DAPO)."""
 
 
 class RewardSection(Section):

@@ -158,8 +158,9 @@ class RLTrainer:
                     scale_by_std=cfg.algo.scale_by_std,
                 )
             with timer("update"):
+                train_batch = batch.informative() if cfg.algo.skip_zero_advantage else batch
                 metrics = update_policy(
-                    self.policy, self.optimizer, batch, policy_loss=self.policy_loss,
+                    self.policy, self.optimizer, train_batch, policy_loss=self.policy_loss,
                     generator=step_generator(cfg.run.seed, step, 1), ppo_epochs=cfg.algo.ppo_epochs,
                     minibatches=cfg.algo.minibatches, clip_ratio=cfg.algo.clip_ratio, loss_agg=cfg.algo.loss_agg,
                     kl_coef=cfg.algo.kl_coef, entropy_coef=cfg.algo.entropy_coef,
@@ -168,6 +169,7 @@ class RLTrainer:
                 metrics["actor/lr"] = self.scheduler.get_last_lr()[0]
                 self.scheduler.step()
             metrics.update(rollout_metrics(trajectories, rewards, batch, gen.truncated))
+            metrics["actor/trained_fraction"] = len(train_batch) / len(batch)
             if cfg.eval.every and step % cfg.eval.every == 0 and step < cfg.train.steps:
                 with timer("val"):
                     metrics.update(self.validate(step, sandbox))

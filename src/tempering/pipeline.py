@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tempering.config import RunConfig
-from tempering.data import generate_tasks, load_tasks, save_tasks
+from tempering.data import generate_tasks, load_tasks, save_tasks, split_stages
 from tempering.errors import ConfigError
 from tempering.eval.evaluate import EvalReport, evaluate
 from tempering.loop import RLTrainer
@@ -54,6 +54,9 @@ class Workspace:
     heldout_tasks: list[Task]
     console: Console
 
+    def __post_init__(self) -> None:
+        self.sft_tasks, self.rl_tasks = split_stages(self.train_tasks, self.cfg.data.sft_fraction, self.cfg.data.seed)
+
     def log(self, message: str) -> None:
         self.console.print(message)
 
@@ -68,6 +71,8 @@ def prepare(cfg: RunConfig, console: Console | None = None) -> Workspace:
         check_model_dir(cfg.model.path)
     if cfg.algo.ppo_epochs < 1 or cfg.algo.minibatches < 1 or cfg.rollout.group_size < 1:
         raise ConfigError("algo.ppo_epochs, algo.minibatches and rollout.group_size must be at least 1")
+    if not 0.0 < cfg.data.sft_fraction <= 1.0:
+        raise ConfigError(f"data.sft_fraction must be in (0, 1], got {cfg.data.sft_fraction}")
     train = load_tasks(cfg.data.train_file) if cfg.data.train_file else None
     heldout = load_tasks(cfg.data.heldout_file) if cfg.data.heldout_file else None
     if train is None or heldout is None:
@@ -113,7 +118,10 @@ def base_model_dir(ws: Workspace) -> Path:
         return Path(cfg.model.path)
     base = ws.run_dir / "base"
     if not (base / "config.json").is_file():
-        texts = [t.prompt + sft_completion(t) for t in ws.train_tasks]
+        # Prompts of every training task, solutions only of SFT tasks: RL never sees a reference solution.
+        sft_ids = {t.id for t in ws.sft_tasks}
+        texts = [t.prompt + sft_completion(t) for t in ws.sft_tasks]
+        texts += [t.prompt for t in ws.rl_tasks if t.id not in sft_ids]
         tokenizer = train_tokenizer(texts, vocab_size=cfg.model.vocab_size)
         m = cfg.model
         model = build_tiny_model(tokenizer, hidden_size=m.hidden_size, num_layers=m.num_layers,
@@ -148,7 +156,7 @@ def sft_stage(ws: Workspace, start: Path) -> Path:
             if step % max(1, s.steps // 10) == 0 or step == s.steps:
                 ws.log(f"sft step {step}/{s.steps}  loss {row['sft/loss']:.3f}")
 
-        run_sft(model, tokenizer, ws.train_tasks, steps=s.steps, batch_size=s.batch_size, lr=s.lr,
+        run_sft(model, tokenizer, ws.sft_tasks, steps=s.steps, batch_size=s.batch_size, lr=s.lr,
                 warmup_steps=s.warmup_steps, schedule=s.schedule, weight_decay=s.weight_decay,
                 seed=cfg.run.seed, on_step=on_step)
     tmp = out / "model.tmp"
@@ -186,7 +194,7 @@ def _strip(report: EvalReport) -> dict[str, Any]:
 
 def rl_stage(ws: Workspace, start: Path, sandbox: LocalSandbox) -> Path:
     cfg = ws.cfg
-    trainer = RLTrainer(cfg, ws.run_dir, ws.train_tasks, ws.heldout_tasks, start, log=ws.log)
+    trainer = RLTrainer(cfg, ws.run_dir, ws.rl_tasks, ws.heldout_tasks, start, log=ws.log)
     if trainer.start_step < cfg.train.steps:
         tracker = Tracker(ws.run_dir, start_step=trainer.start_step, total_steps=cfg.train.steps,
                           tensorboard=cfg.tracking.tensorboard, progress=cfg.tracking.progress, console=ws.console)
@@ -205,7 +213,8 @@ def train(cfg: RunConfig, console: Console | None = None) -> dict[str, Any]:
     """The whole recipe; returns summary.json's content."""
     began = time.perf_counter()
     ws = prepare(cfg, console)
-    ws.log(f"run directory: {ws.run_dir}  ({len(ws.train_tasks)} training tasks, {len(ws.heldout_tasks)} held-out)")
+    ws.log(f"run directory: {ws.run_dir}  ({len(ws.sft_tasks)} SFT tasks, {len(ws.rl_tasks)} RL tasks, "
+           f"{len(ws.heldout_tasks)} held-out)")
     sandbox = make_sandbox(cfg)
     try:
         start = base_model_dir(ws)

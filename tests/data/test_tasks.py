@@ -47,3 +47,16 @@ def test_duplicate_ids_and_empty_files(tmp_path):
         load_tasks(write(tmp_path / "e.jsonl", [""]))
     with pytest.raises(TaskFileError, match="does not exist"):
         load_tasks(tmp_path / "missing.jsonl")
+
+
+def test_stage_split_holds_disjoint_functions(tasks):
+    from tempering.data import function_key, split_stages
+
+    train, _ = tasks
+    sft, rl = split_stages(train, 0.5, seed=3)
+    assert len(sft) + len(rl) == len(train)
+    assert not {function_key(t) for t in sft} & {function_key(t) for t in rl}
+    assert split_stages(train, 0.5, seed=3) == (sft, rl)          # deterministic
+    assert split_stages(train, 1.0, seed=3) == (train, train)      # 1.0: both stages see everything
+    with pytest.raises(ValueError, match="leaves no tasks"):
+        split_stages(train[:1], 0.5, seed=3)

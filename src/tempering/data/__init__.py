@@ -2,6 +2,6 @@
 
 from tempering.data.generators import DOMAINS, generate_tasks
 from tempering.data.sampler import TaskSampler
-from tempering.data.tasks import load_tasks, save_tasks
+from tempering.data.tasks import function_key, load_tasks, save_tasks, split_stages
 
-__all__ = ["DOMAINS", "TaskSampler", "generate_tasks", "load_tasks", "save_tasks"]
+__all__ = ["DOMAINS", "TaskSampler", "generate_tasks", "load_tasks", "save_tasks", "split_stages", "function_key"]

@@ -6,6 +6,7 @@ A malformed record is reported as `FILE:LINE: what is wrong`, so a user can fix 
 from __future__ import annotations
 
 import json
+import random
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -63,3 +64,27 @@ def save_tasks(tasks: Iterable[Task], path: str | Path) -> Path:
             f.write(task.model_dump_json(exclude_defaults=True) + "\n")
     tmp.replace(path)
     return path
+
+
+def function_key(task: Task) -> str:
+    """What makes two tasks 'the same function': the generator's template and body, else the task id."""
+    meta = task.metadata
+    if "template" in meta and "body" in meta:
+        return f"{meta['template']}\n{meta['body']}"
+    return task.id
+
+
+def split_stages(tasks: list[Task], sft_fraction: float, seed: int) -> tuple[list[Task], list[Task]]:
+    """(SFT tasks, RL tasks). With `sft_fraction` < 1 the two hold disjoint functions: SFT learns from the
+    reference solutions of some functions, RL learns from test outcomes on functions SFT never saw (as in
+    practice, where RL prompts are not the SFT data). 1.0 = both stages use every task."""
+    if sft_fraction >= 1.0:
+        return tasks, tasks
+    keys = sorted({function_key(t) for t in tasks})
+    random.Random(f"stages:{seed}").shuffle(keys)
+    sft_keys = set(keys[: round(len(keys) * sft_fraction)])
+    sft = [t for t in tasks if function_key(t) in sft_keys]
+    rl = [t for t in tasks if function_key(t) not in sft_keys]
+    if not sft or not rl:
+        raise ValueError(f"data.sft_fraction={sft_fraction} leaves no tasks for one of the stages")
+    return sft, rl

@@ -42,6 +42,13 @@ class RolloutBatch:
             out[f.name] = v
         return replace(self, **out)
 
+    def informative(self) -> RolloutBatch:
+        """The rows whose advantage is non-zero somewhere (all rows if none is): a zero-advantage row adds
+        nothing to the policy gradient, only cost, and weight in the token mean (DAPO drops such groups)."""
+        assert self.advantages is not None, "compute advantages first"
+        rows = (self.advantages != 0).any(1).nonzero().squeeze(1)            # (B',)
+        return self.select(rows) if len(rows) else self
+
     def num_tokens(self) -> int:
         return int(self.prompt_mask.sum() + self.response_mask.sum())
 
