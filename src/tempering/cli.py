@@ -59,6 +59,7 @@ def _resolve_model_dir(path: Path) -> Path:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    import torch
     from rich.console import Console
     from rich.table import Table
 
@@ -66,8 +67,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from tempering.eval.evaluate import evaluate
     from tempering.models.loading import check_model_dir, load_model, load_tokenizer
     from tempering.sandbox import LocalSandbox
-
-    import torch
 
     model_dir = check_model_dir(_resolve_model_dir(Path(args.model)))
     tasks = load_tasks(args.tasks)

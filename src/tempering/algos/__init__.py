@@ -6,7 +6,7 @@ Torch only: no models, configs, I/O or Ray. Shapes use B = sequences, T = respon
 from collections.abc import Callable, Mapping
 from typing import TypeVar
 
-from tempering.algos.advantages import ADVANTAGE_ESTIMATORS, grpo, grpo_advantages, group_mean_std
+from tempering.algos.advantages import ADVANTAGE_ESTIMATORS, group_mean_std, grpo, grpo_advantages
 from tempering.algos.kl import KL_ESTIMATORS, kl_k1, kl_k2, kl_k3
 from tempering.algos.losses import LOSS_AGGREGATIONS, POLICY_LOSSES, ppo_clip_loss, token_mean
 from tempering.algos.masked import masked_mean, masked_sum, masked_var, masked_whiten

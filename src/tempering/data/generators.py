@@ -76,7 +76,7 @@ class Template:
 
 
 R = range
-I = "def f(x: int) -> int:"
+INT = "def f(x: int) -> int:"
 S = "def f(s: str) -> str:"
 L = "def f(xs: list[int]) -> list[int]:"
 LI = "def f(xs: list[int]) -> int:"
@@ -87,14 +87,14 @@ N = "def f(n: int) -> int:"
 # enough that memorising is hopeless. A few templates (thresholds, modulus, slicing) need real inference.
 TEMPLATES: tuple[Template, ...] = (
     # ---- integer arithmetic
-    Template("add", "arithmetic", I, "    return x + {a}", {"a": list(R(1, 41))}, _int(-5, 20), ((-1,),), probes=((0,),)),
-    Template("sub", "arithmetic", I, "    return x - {a}", {"a": list(R(1, 41))}, _int(-5, 20), ((-1,),), probes=((0,),)),
-    Template("mul", "arithmetic", I, "    return x * {a}", {"a": list(R(2, 25))}, _int(-5, 12), ((0,),), probes=((1,),)),
-    Template("affine", "arithmetic", I, "    return x * {a} + {b}", {"a": list(R(2, 6)), "b": list(R(1, 21))}, _int(-5, 10), ((-1,),), probes=((0,), (1,))),
-    Template("square_add", "arithmetic", I, "    return x * x + {a}", {"a": list(R(1, 41))}, _int(-6, 9), ((-1,),), probes=((0,),)),
-    Template("rsub", "arithmetic", I, "    return {a} - x", {"a": list(R(1, 41))}, _int(-5, 20), ((-1,),), probes=((0,),)),
-    Template("absdiff", "arithmetic", I, "    return abs(x - {a})", {"a": list(R(1, 41))}, _int(-5, 45), ((-1,),), probes=((0,),)),
-    Template("mod", "arithmetic", I, "    return x % {a}", {"a": list(R(2, 10))}, _int(0, 40), ((0,),)),
+    Template("add", "arithmetic", INT, "    return x + {a}", {"a": list(R(1, 41))}, _int(-5, 20), ((-1,),), probes=((0,),)),
+    Template("sub", "arithmetic", INT, "    return x - {a}", {"a": list(R(1, 41))}, _int(-5, 20), ((-1,),), probes=((0,),)),
+    Template("mul", "arithmetic", INT, "    return x * {a}", {"a": list(R(2, 25))}, _int(-5, 12), ((0,),), probes=((1,),)),
+    Template("affine", "arithmetic", INT, "    return x * {a} + {b}", {"a": list(R(2, 6)), "b": list(R(1, 21))}, _int(-5, 10), ((-1,),), probes=((0,), (1,))),
+    Template("square_add", "arithmetic", INT, "    return x * x + {a}", {"a": list(R(1, 41))}, _int(-6, 9), ((-1,),), probes=((0,),)),
+    Template("rsub", "arithmetic", INT, "    return {a} - x", {"a": list(R(1, 41))}, _int(-5, 20), ((-1,),), probes=((0,),)),
+    Template("absdiff", "arithmetic", INT, "    return abs(x - {a})", {"a": list(R(1, 41))}, _int(-5, 45), ((-1,),), probes=((0,),)),
+    Template("mod", "arithmetic", INT, "    return x % {a}", {"a": list(R(2, 10))}, _int(0, 40), ((0,),)),
     # ---- string transforms
     Template("suffix", "strings", S, '    return s + "{c}"', {"c": AFFIXES}, WORD, (("",),)),
     Template("prefix", "strings", S, '    return "{c}" + s', {"c": AFFIXES}, WORD, (("",),)),
@@ -117,11 +117,11 @@ TEMPLATES: tuple[Template, ...] = (
     Template("sort", "lists", L, "    return sorted(xs)", {}, INTS, (([],),)),
     Template("reverse_list", "lists", L, "    return xs[::-1]", {}, INTS, (([],),)),
     # ---- conditionals / branching
-    Template("clamp_low", "conditionals", I, "    return max(x, {a})", {"a": list(R(0, 31))}, _int(-5, 40), ((0,),), probes=((-5,),)),
-    Template("clamp_high", "conditionals", I, "    return min(x, {a})", {"a": list(R(0, 31))}, _int(-5, 40), ((0,),), probes=((99,),)),
-    Template("parity", "conditionals", I, "    return {a} if x % 2 == 0 else {b}", {"a": list(R(0, 16)), "b": list(R(0, 16))}, _int(-5, 20), ((-1,),), lambda a, b: a != b, probes=((0,), (1,))),
+    Template("clamp_low", "conditionals", INT, "    return max(x, {a})", {"a": list(R(0, 31))}, _int(-5, 40), ((0,),), probes=((-5,),)),
+    Template("clamp_high", "conditionals", INT, "    return min(x, {a})", {"a": list(R(0, 31))}, _int(-5, 40), ((0,),), probes=((99,),)),
+    Template("parity", "conditionals", INT, "    return {a} if x % 2 == 0 else {b}", {"a": list(R(0, 16)), "b": list(R(0, 16))}, _int(-5, 20), ((-1,),), lambda a, b: a != b, probes=((0,), (1,))),
     Template("sign_word", "conditionals", "def f(x: int) -> str:", '    return "{w}" if x > 0 else "{v}"', {"w": WORDS, "v": WORDS}, _int(-9, 9), ((0,),), lambda w, v: w != v, probes=((1,), (-1,))),
-    Template("step", "conditionals", I, "    return {a} if x > {b} else {c}", {"a": list(R(1, 10)), "b": list(R(0, 10, 2)), "c": list(R(0, 10))}, _int(-5, 15), ((0,),), lambda a, b, c: a != c),
+    Template("step", "conditionals", INT, "    return {a} if x > {b} else {c}", {"a": list(R(1, 10)), "b": list(R(0, 10, 2)), "c": list(R(0, 10))}, _int(-5, 15), ((0,),), lambda a, b, c: a != c),
     Template("label", "conditionals", "def f(x: int) -> str:", '    return "big" if x > {a} else "small"', {"a": list(R(0, 15))}, _int(-5, 20), ((0,),)),
     # ---- loops / accumulation
     Template("sum_range", "loops", N, "    total = 0\n    for i in range(n):\n        total += i + {a}\n    return total", {"a": list(R(1, 31))}, SMALL_N, ((0,),), probes=((1,),)),

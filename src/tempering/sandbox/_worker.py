@@ -9,6 +9,7 @@ cap. For function-call tests the child sends back only the *values* the entry po
 of plain built-in types) on fd 3; expected outputs never enter this process, so the comparison - and
 the verdict - happen in the host, out of the program's reach.
 """
+# ruff: noqa: I001  (the second import block, preloaded for solutions, is grouped on purpose)
 
 import builtins
 import json
