@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from tempering.errors import ConfigError
 
@@ -62,7 +62,7 @@ class DataSection(Section):
     """Built-in generator: held-out tasks (functions never seen in training)."""
     seed: int = 1234
     """Built-in generator: seed of the task generator and of the train/held-out split."""
-    sft_fraction: float = 1.0
+    sft_fraction: float = Field(1.0, gt=0.0, le=1.0)
     """Share of training functions whose reference solutions SFT uses; RL trains on the other functions
     (disjoint). 1.0 = SFT and RL both use every training task."""
 
@@ -124,7 +124,8 @@ class AlgoSection(Section):
     """Gradient clipping threshold."""
     skip_zero_advantage: bool = True
     """Leave samples whose advantage is zero on every token (groups whose rewards are all equal) out of
-    the update: their policy gradient is zero, so they only cost time and dilute the token mean (DAPO)."""
+    the update, as DAPO's dynamic sampling does: their policy gradient is zero, so they only cost time and
+    dilute the token mean (with a KL or entropy term, those terms then also skip them)."""
 
 
 class RewardSection(Section):

@@ -52,10 +52,9 @@ class Workspace:
     run_dir: Path
     train_tasks: list[Task]
     heldout_tasks: list[Task]
+    sft_tasks: list[Task]
+    rl_tasks: list[Task]
     console: Console
-
-    def __post_init__(self) -> None:
-        self.sft_tasks, self.rl_tasks = split_stages(self.train_tasks, self.cfg.data.sft_fraction, self.cfg.data.seed)
 
     def log(self, message: str) -> None:
         self.console.print(message)
@@ -71,8 +70,6 @@ def prepare(cfg: RunConfig, console: Console | None = None) -> Workspace:
         check_model_dir(cfg.model.path)
     if cfg.algo.ppo_epochs < 1 or cfg.algo.minibatches < 1 or cfg.rollout.group_size < 1:
         raise ConfigError("algo.ppo_epochs, algo.minibatches and rollout.group_size must be at least 1")
-    if not 0.0 < cfg.data.sft_fraction <= 1.0:
-        raise ConfigError(f"data.sft_fraction must be in (0, 1], got {cfg.data.sft_fraction}")
     train = load_tasks(cfg.data.train_file) if cfg.data.train_file else None
     heldout = load_tasks(cfg.data.heldout_file) if cfg.data.heldout_file else None
     if train is None or heldout is None:
@@ -84,6 +81,10 @@ def prepare(cfg: RunConfig, console: Console | None = None) -> Workspace:
         train = train if train is not None else gen_train
         heldout = heldout if heldout is not None else gen_heldout
     _check_disjoint(train, heldout)
+    try:
+        sft, rl = split_stages(train, cfg.data.sft_fraction, cfg.data.seed)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     torch.set_num_threads(cfg.run.threads)
 
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -92,7 +93,7 @@ def prepare(cfg: RunConfig, console: Console | None = None) -> Workspace:
     if not (data_dir / "heldout.jsonl").exists():
         save_tasks(train, data_dir / "train.jsonl")
         save_tasks(heldout, data_dir / "heldout.jsonl")
-    return Workspace(cfg, run_dir, train, heldout, console)
+    return Workspace(cfg, run_dir, train, heldout, sft, rl, console)
 
 
 def _check_disjoint(train: list[Task], heldout: list[Task]) -> None:

@@ -80,11 +80,12 @@ def split_stages(tasks: list[Task], sft_fraction: float, seed: int) -> tuple[lis
     practice, where RL prompts are not the SFT data). 1.0 = both stages use every task."""
     if sft_fraction >= 1.0:
         return tasks, tasks
-    keys = sorted({function_key(t) for t in tasks})
+    task_keys = [function_key(t) for t in tasks]
+    keys = sorted(set(task_keys))
     random.Random(f"stages:{seed}").shuffle(keys)
     sft_keys = set(keys[: round(len(keys) * sft_fraction)])
-    sft = [t for t in tasks if function_key(t) in sft_keys]
-    rl = [t for t in tasks if function_key(t) not in sft_keys]
+    sft = [t for t, k in zip(tasks, task_keys) if k in sft_keys]
+    rl = [t for t, k in zip(tasks, task_keys) if k not in sft_keys]
     if not sft or not rl:
         raise ValueError(f"data.sft_fraction={sft_fraction} leaves no tasks for one of the stages")
     return sft, rl
