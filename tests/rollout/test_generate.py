@@ -40,6 +40,19 @@ def test_sampler_logprobs_match_the_training_forward_pass(tiny, tasks):
     torch.testing.assert_close(recomputed * gen.response_mask, gen.logprobs, atol=2e-4, rtol=1e-4)
 
 
+def test_grouped_prompts_share_a_cache_and_still_match_the_forward_pass(tiny, tasks):
+    model, tokenizer = tiny
+    distinct = prompts_of(tokenizer, tasks[0], 3)
+    grouped = [p for p in distinct for _ in range(4)]                  # GRPO layout: each prompt 4 times
+    gen = generate(model, tokenizer, grouped, max_new_tokens=10, generator=torch.Generator().manual_seed(2))
+    assert len({tuple(r) for r in gen.response_ids.tolist()}) > 3      # samples of a group differ
+    for share in (True, False):
+        with torch.no_grad():
+            recomputed, _ = response_logprobs(model, gen.prompt_ids, gen.prompt_mask, gen.response_ids,
+                                              gen.response_mask, share_prompts=share)
+        torch.testing.assert_close(recomputed * gen.response_mask, gen.logprobs, atol=2e-4, rtol=1e-4)
+
+
 def test_seeded_generation_is_repeatable_and_seeds_differ(tiny, tasks):
     model, tokenizer = tiny
     prompts = prompts_of(tokenizer, tasks[0], 4)

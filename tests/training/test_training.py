@@ -76,3 +76,17 @@ def test_schedule_warmup_then_constant_or_cosine():
         sched.step()
     assert lrs[:4] == [0.25, 0.5, 0.75, 1.0]
     assert lrs[4] > lrs[9] >= 0.1
+
+
+def test_shared_prompt_forward_has_the_gradients_of_the_full_pass(tiny, tasks):
+    model, tokenizer = tiny
+    batch = make_batch(model, tokenizer, tasks[0][:3], [1.0, 0.0, 0.0, 1.0, 0.5, 0.0])
+    grads = []
+    for share in (False, True):
+        model.zero_grad(set_to_none=True)
+        lp, ent = response_logprobs(model, batch.prompt_ids, batch.prompt_mask, batch.response_ids,
+                                    batch.response_mask, with_entropy=True, share_prompts=share)
+        ((lp * batch.advantages).sum() + 0.1 * (ent * batch.response_mask).sum()).backward()
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+    assert grads[0].abs().max() > 0
+    torch.testing.assert_close(grads[1], grads[0], atol=1e-4, rtol=1e-3)

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from tempering.training.forward import distinct_rows
+
 
 def encode_prompt(tokenizer, text: str) -> list[int]:
     """Prompt token ids: BOS (if the tokenizer has one) + the text. SFT and rollout both use this."""
@@ -93,8 +95,12 @@ def _generate_chunk(model, tokenizer, prompts, max_new_tokens, temperature, top_
     prompt_ids, prompt_mask = left_pad(prompts, pad)
     ids, mask = prompt_ids.to(device), prompt_mask.to(device)
     positions = (mask.cumsum(-1) - 1).clamp_min(0)
-    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
-    cache, logits = out.cache, out.logits[:, -1]
+    # A group repeats its prompt: prefill each distinct prompt once and share its cache.
+    first, inverse = distinct_rows(ids)
+    out = model(input_ids=ids[first], attention_mask=mask[first], position_ids=positions[first],
+                use_cache=True, logits_to_keep=1)
+    cache, logits = out.cache, out.logits[inverse, -1]
+    cache.batch_select_indices(inverse)
     b = len(prompts)
     tokens = torch.full((b, max_new_tokens), pad, dtype=torch.long)
     logps = torch.zeros((b, max_new_tokens))
