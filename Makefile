@@ -13,6 +13,10 @@ STAMP := $(VENV)/.installed
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
+	@# The sandbox isolates each worker with bubblewrap; without it, it falls back to weaker isolation.
+	@command -v bwrap >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+		(apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null) || \
+		echo "note: bubblewrap is not installed; the sandbox will use process isolation (see tempering sandbox doctor)"; }
 	$(PYTHON) -m venv $(VENV)
 	@if [ "$(TORCH_SPEC)" != "none" ]; then $(BIN)/pip install -q --disable-pip-version-check $(TORCH_SPEC); fi
 	$(BIN)/pip install -q --disable-pip-version-check -e '.[dev]'

@@ -4,7 +4,8 @@
     tempering sft CONFIG.yaml [key.path=value ...]       only the supervised warm-up
     tempering eval MODEL_OR_CHECKPOINT --tasks FILE      pass@k on a task file
     tempering data generate --out DIR                    write the built-in task splits
-    tempering sandbox run FILE [--json]                  execute one program in the sandbox
+    tempering sandbox run FILE [--lang L] [--json]       execute one program in the sandbox
+    tempering sandbox doctor | serve | bench             protections; HTTP service; throughput
     tempering report RUN_DIR                             print a run's summary
 
 Bad input ends with one line `error: ...` and exit status 2.
@@ -121,7 +122,7 @@ def cmd_sandbox_run(args: argparse.Namespace) -> int:
     if not path.is_file():
         raise TemperingError(f"program file '{path}' does not exist")
     stdin = Path(args.stdin).read_text() if args.stdin else None
-    with LocalSandbox(workers=1) as sandbox:
+    with LocalSandbox(workers=1, isolation=args.isolation) as sandbox:
         result = sandbox.run(path.read_text(), language=args.lang, stdin=stdin, timeout_s=args.timeout,
                              memory_mb=args.memory_mb)
     if args.json:
@@ -132,6 +133,53 @@ def cmd_sandbox_run(args: argparse.Namespace) -> int:
         print(f"[{result.status}] exit={result.exit_code} wall={result.wall_time_s:.3f}s cpu={result.cpu_time_s:.3f}s",
               file=sys.stderr)
     return 0 if result.status == "ok" else 1
+
+
+def cmd_sandbox_doctor(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from tempering.sandbox import LocalSandbox
+
+    with LocalSandbox(workers=1, isolation=args.isolation) as sandbox:
+        checks = {lang: sandbox.run(code, language=lang).status for lang, code in _HELLO.items()}
+        table = Table(title=f"sandbox backend: {sandbox.backend}"
+                      + (f" ({sandbox.isolation.why_not_bwrap})" if sandbox.isolation.why_not_bwrap else ""))
+        table.add_column("protection")
+        table.add_column("active")
+        table.add_column("how")
+        for p in sandbox.protections():
+            table.add_row(p.name, "[green]yes[/]" if p.active else "[red]NO[/]", p.how)
+    console = Console()
+    console.print(table)
+    console.print("languages: " + ", ".join(f"{lang} {'ok' if st == 'ok' else st}" for lang, st in checks.items()))
+    return 0
+
+
+_HELLO = {
+    "python": "print('hi')",
+    "c": '#include <stdio.h>\nint main(void) { puts("hi"); return 0; }\n',
+    "cpp": '#include <iostream>\nint main() { std::cout << "hi" << std::endl; }\n',
+    "javascript": "console.log('hi')",
+    "bash": "echo hi",
+}
+
+
+def cmd_sandbox_serve(args: argparse.Namespace) -> int:
+    from tempering.sandbox.service import serve
+
+    print(f"sandbox service on http://{args.host}:{args.port} ({args.workers} workers); Ctrl-C stops it",
+          file=sys.stderr)
+    serve(args.host, args.port, workers=args.workers, isolation=args.isolation, max_pending=args.max_pending)
+    return 0
+
+
+def cmd_sandbox_bench(args: argparse.Namespace) -> int:
+    from tempering.sandbox.bench import bench_pool, format_table
+
+    rows = [bench_pool(c, args.n, w, args.isolation) for w in ("trivial", "10-test") for c in args.concurrency]
+    print(format_table(rows))
+    return 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -180,14 +228,32 @@ def build_parser() -> argparse.ArgumentParser:
 
     sandbox = sub.add_parser("sandbox", help="sandboxed execution").add_subparsers(dest="sandbox_command",
                                                                                  required=True)
+    isolation = {"choices": ["auto", "bwrap", "process"], "default": "auto",
+                 "help": "bwrap containers, plain processes, or auto (bwrap where it works)"}
     p = sandbox.add_parser("run", help="run one program and print what it did")
     p.add_argument("file")
-    p.add_argument("--lang", default="python")
+    p.add_argument("--lang", default="python", choices=["python", "c", "cpp", "javascript", "bash"])
+    p.add_argument("--isolation", **isolation)
     p.add_argument("--timeout", type=float, default=None, help="wall-clock limit in seconds")
     p.add_argument("--memory-mb", type=int, default=None)
     p.add_argument("--stdin", help="file to feed on standard input")
     p.add_argument("--json", action="store_true", help="print the ExecResult as JSON")
     p.set_defaults(fn=cmd_sandbox_run)
+    p = sandbox.add_parser("doctor", help="which protections are active on this machine")
+    p.add_argument("--isolation", **isolation)
+    p.set_defaults(fn=cmd_sandbox_doctor)
+    p = sandbox.add_parser("serve", help="run the sandbox as an HTTP service")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (loopback by default)")
+    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--max-pending", type=int, default=1024, help="executions held at once; more get 429")
+    p.add_argument("--isolation", **isolation)
+    p.set_defaults(fn=cmd_sandbox_serve)
+    p = sandbox.add_parser("bench", help="throughput and latency of the warm worker pool")
+    p.add_argument("--n", type=int, default=400, help="executions per measurement")
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 8])
+    p.add_argument("--isolation", **isolation)
+    p.set_defaults(fn=cmd_sandbox_bench)
 
     p = sub.add_parser("report", help="print the summary of a finished run")
     p.add_argument("run_dir")

@@ -146,6 +146,13 @@ class SandboxSection(Section):
     """Warm worker processes (executions run in parallel across them)."""
     python: str | None = None
     """Interpreter that runs programs; unset = the system python3, else the current one."""
+    isolation: Literal["auto", "bwrap", "process"] = "auto"
+    """`bwrap`: each worker in a bubblewrap container (required); `process`: rlimits and a separate uid
+    only; `auto`: bubblewrap when it works here. `tempering sandbox doctor` shows what is active."""
+    scratch_mb: int = Field(64, gt=0)
+    """Size of each bubblewrap worker's scratch tmpfs."""
+    url: str | None = None
+    """A `tempering sandbox serve` service to execute on, instead of local workers."""
 
 
 class TrainSection(Section):

@@ -25,7 +25,7 @@ from tempering.rewards import RewardFunction
 from tempering.rollout.batch import RolloutBatch
 from tempering.rollout.code import execute, sample
 from tempering.rollout.generate import Generation
-from tempering.sandbox import LocalSandbox
+from tempering.sandbox import Sandbox
 from tempering.tracking import Tracker
 from tempering.training.forward import response_logprobs
 from tempering.training.optim import make_optimizer, make_scheduler
@@ -133,7 +133,7 @@ class RLTrainer:
 
     # ------------------------------------------------------------------------------------ one step
 
-    def step(self, step: int, sandbox: LocalSandbox) -> tuple[dict[str, float], list[dict]]:
+    def step(self, step: int, sandbox: Sandbox) -> tuple[dict[str, float], list[dict]]:
         cfg, ro = self.cfg, self.cfg.rollout
         timer = Timer()
         with timer("step"):
@@ -177,7 +177,7 @@ class RLTrainer:
         metrics["perf/tokens_per_s"] = batch.num_tokens() / timer.seconds["timing_s/step"]
         return metrics, sample_rows(trajectories, rewards, batch)
 
-    def validate(self, step: int, sandbox: LocalSandbox) -> dict[str, float]:
+    def validate(self, step: int, sandbox: Sandbox) -> dict[str, float]:
         """Held-out pass@1 on the first `eval.val_tasks` tasks: sampled (2 per task) and greedy."""
         tasks = self.heldout_tasks[: self.cfg.eval.val_tasks]
         seed = step_seed(self.cfg.run.seed, step, 2)
@@ -193,7 +193,7 @@ class RLTrainer:
 
     # ---------------------------------------------------------------------------------- the loop
 
-    def run(self, sandbox: LocalSandbox, tracker: Tracker) -> None:
+    def run(self, sandbox: Sandbox, tracker: Tracker) -> None:
         cfg = self.cfg
         pending_checkpoint_s = 0.0
         for step in range(self.start_step + 1, cfg.train.steps + 1):

@@ -33,7 +33,7 @@ from tempering.models.loading import (
     save_model,
 )
 from tempering.models.tokenizer import train_tokenizer
-from tempering.sandbox import LocalSandbox, SandboxLimits
+from tempering.sandbox import LocalSandbox, RemoteSandbox, Sandbox, SandboxLimits
 from tempering.tracking import Tracker, read_metrics
 from tempering.tracking.plot import plot_run
 from tempering.training.sft import run_sft, sft_completion
@@ -102,11 +102,17 @@ def _check_disjoint(train: list[Task], heldout: list[Task]) -> None:
         raise ConfigError(f"{len(overlap)} held-out task prompt(s) also appear among the training tasks")
 
 
-def make_sandbox(cfg: RunConfig) -> LocalSandbox:
+def make_sandbox(cfg: RunConfig) -> Sandbox:
+    """The local worker pool, or the service at `sandbox.url` (checked before training starts)."""
     s = cfg.sandbox
     limits = SandboxLimits(timeout_s=s.timeout_s, cpu_s=s.cpu_s, memory_mb=s.memory_mb,
                            max_output_bytes=s.max_output_bytes)
-    return LocalSandbox(limits, workers=s.workers, python=s.python)
+    if s.url:
+        remote = RemoteSandbox(s.url, limits)
+        remote.health()  # a service that is down is reported now, not after the model is loaded
+        return remote
+    return LocalSandbox(limits, workers=s.workers, python=s.python, isolation=s.isolation,
+                        scratch_mb=s.scratch_mb)
 
 
 # ----------------------------------------------------------------------------------------- stages
@@ -169,7 +175,7 @@ def sft_stage(ws: Workspace, start: Path) -> Path:
     return out / "model"
 
 
-def heldout_eval(ws: Workspace, model_dir: Path, sandbox: LocalSandbox, name: str) -> dict[str, Any]:
+def heldout_eval(ws: Workspace, model_dir: Path, sandbox: Sandbox, name: str) -> dict[str, Any]:
     """Sampled (T = eval.temperature, eval.samples per task) and greedy pass@1 on all held-out tasks."""
     path = ws.run_dir / f"{name}.json"
     if path.is_file():
@@ -193,7 +199,7 @@ def _strip(report: EvalReport) -> dict[str, Any]:
     return data
 
 
-def rl_stage(ws: Workspace, start: Path, sandbox: LocalSandbox) -> Path:
+def rl_stage(ws: Workspace, start: Path, sandbox: Sandbox) -> Path:
     cfg = ws.cfg
     trainer = RLTrainer(cfg, ws.run_dir, ws.rl_tasks, ws.heldout_tasks, start, log=ws.log)
     if trainer.start_step < cfg.train.steps:

@@ -31,13 +31,17 @@ class TestCase(BaseModel):
     """Standard input for the whole program (stdin/stdout tasks)."""
     stdout: str | None = None
     """Expected standard output (compared after stripping trailing whitespace on each line)."""
+    check: str | None = None
+    """Python test code defining `check(candidate)` (the HumanEval convention), run in a separate process
+    with `candidate` standing for the entry point; the test passes when `check` returns."""
     tags: list[str] = []
     """Free labels, e.g. `edge` for edge cases (weighted by process rewards)."""
 
     @model_validator(mode="after")
     def _one_style(self) -> TestCase:
-        if (self.input is None) == (self.stdin is None):
-            raise ValueError("a test case needs exactly one of 'input' (function call) or 'stdin' (program)")
+        if sum(x is not None for x in (self.input, self.stdin, self.check)) != 1:
+            raise ValueError("a test case needs exactly one of 'input' (function call), 'stdin' (program) "
+                             "or 'check' (test code)")
         if self.stdin is not None and self.stdout is None:
             raise ValueError("a stdin test case needs the expected 'stdout'")
         return self
@@ -45,6 +49,14 @@ class TestCase(BaseModel):
     @property
     def is_call(self) -> bool:
         return self.input is not None
+
+    @property
+    def is_check(self) -> bool:
+        return self.check is not None
+
+    @property
+    def style(self) -> str:
+        return "call" if self.is_call else "check" if self.is_check else "stdin"
 
 
 class Task(BaseModel):
@@ -75,11 +87,11 @@ class Task(BaseModel):
     def _consistent(self) -> Task:
         if not self.tests:
             raise ValueError("a task needs at least one test")
-        calls = {t.is_call for t in self.tests}
-        if len(calls) > 1:
-            raise ValueError("tests mix function calls and stdin/stdout cases")
-        if calls == {True} and not self.entry_point:
-            raise ValueError("function-call tests need an 'entry_point'")
+        styles = {t.style for t in self.tests}
+        if len(styles) > 1:
+            raise ValueError(f"tests mix styles ({', '.join(sorted(styles))}); use one per task")
+        if styles & {"call", "check"} and not self.entry_point:
+            raise ValueError("function-call and check() tests need an 'entry_point'")
         return self
 
 

@@ -146,7 +146,7 @@ def test_a_dead_worker_is_replaced(sandbox):
         worker.proc.kill()
         worker.proc.wait()
         sb._idle.put(worker)
-        assert sb.run("print(1)").status == "sandbox_error"
+        assert sb.run("print(1)").status == "killed"
         assert sb.run("print(1)").stdout == "1\n"
 
 

@@ -9,7 +9,7 @@ import torch
 
 from tempering.eval.passk import pass_at_k
 from tempering.rollout.code import rollout
-from tempering.sandbox import LocalSandbox
+from tempering.sandbox import Sandbox
 from tempering.types import Task
 
 
@@ -35,7 +35,7 @@ def evaluate(
     model,
     tokenizer,
     tasks: list[Task],
-    sandbox: LocalSandbox,
+    sandbox: Sandbox,
     *,
     samples: int = 1,
     ks: tuple[int, ...] = (1,),

@@ -5,11 +5,11 @@ from __future__ import annotations
 import torch
 
 from tempering.rollout.generate import Generation, encode_prompt, generate
-from tempering.sandbox import LocalSandbox
+from tempering.sandbox import Sandbox
 from tempering.types import Task, Trajectory
 
 
-def execute(trajectories: list[Trajectory], sandbox: LocalSandbox) -> None:
+def execute(trajectories: list[Trajectory], sandbox: Sandbox) -> None:
     """Fill `exec_result` of every trajectory. Identical programs for the same task run once."""
     unique: dict[tuple[str, str], list[Trajectory]] = {}
     for traj in trajectories:
@@ -44,7 +44,7 @@ def sample(
     return trajectories, gen
 
 
-def rollout(model, tokenizer, tasks: list[Task], sandbox: LocalSandbox, **sampling) -> tuple[list[Trajectory], Generation]:
+def rollout(model, tokenizer, tasks: list[Task], sandbox: Sandbox, **sampling) -> tuple[list[Trajectory], Generation]:
     """Sample and execute: the trajectories carry their ExecResult."""
     trajectories, gen = sample(model, tokenizer, tasks, **sampling)
     execute(trajectories, sandbox)

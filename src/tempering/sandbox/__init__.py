@@ -2,18 +2,28 @@
 
     from tempering import sandbox
     sandbox.run("print(1 + 1)")                     # -> ExecResult(status='ok', stdout='2\n', ...)
+    sandbox.run("int main(){}", language="c")       # python, c, cpp, javascript, bash
     sandbox.run_tests(task, program)                 # -> ExecResult with one TestResult per hidden test
 
-What is covered (this first version): every execution is a fresh process forked from a warm worker, in
-its own session and process group, in a fresh scratch directory that is deleted afterwards, with limits on
-wall time (the whole process group is killed), CPU time, address space, file size and open files; output
-is captured up to a cap; the program sees none of the host's environment variables; expected test
-outputs never enter the sandbox (the host compares returned values), so exiting early, printing fake
-verdicts or returning objects with a rigged `__eq__` cannot pass a test.
+Threat model - what is covered. A pool of warm workers, each a fork server; with bubblewrap (the
+default where it works, `isolation.py`) each worker is PID 1 of its own user, PID, network, IPC, UTS and
+cgroup namespaces, runs as its own unprivileged uid with no capabilities, sees only /usr read-only and a
+64 MiB scratch tmpfs, has an empty environment and dies with its parent. Every execution is a forked
+child with rlimits on CPU time, address space, processes/threads (per worker uid), file size and open
+files, its own session, a wall-clock timeout, stdout/stderr capped (then truncated and flagged); after it
+every leftover process of the execution is killed (a daemon cannot outlive it) and the scratch area is
+wiped. Tests cannot be fooled from inside: expected values never enter the sandbox (the caller compares
+plain literals), check() test code runs in a separate, non-dumpable process that the program cannot
+read, and what the program tried (exiting before the tests, patching builtins, forged results, network,
+processes, signals, files outside its directory) is reported in `ExecResult.flags`.
 
-What is not covered yet: the program runs as the caller's user, on the host's filesystem and network;
-a program that detaches into a new session can outlive its run; `RLIMIT_NPROC` does not bind root.
-Do not run untrusted code with this version on a machine you care about.
+What is not covered. The kernel is shared: a kernel exploit escapes any namespace sandbox (use a VM or
+gVisor for hostile code at scale). There is no seccomp filter, so every system call reaches the kernel.
+CPU is limited per execution, not shared fairly between workers (no cgroups: cgroup v2 controllers are
+not delegated here). Without bubblewrap (`isolation=process`, or where user namespaces are disabled)
+network, filesystem and PID isolation are off and the scratch has no size limit: the program runs as a
+separate uid (when the host is root) on the host's filesystem and network. `tempering sandbox doctor`
+prints which protections are active on this machine.
 """
 
 from __future__ import annotations
@@ -21,13 +31,16 @@ from __future__ import annotations
 import threading
 
 from tempering.sandbox.local import (
+    LANGUAGES,
     ExecRequest,
     LocalSandbox,
+    Sandbox,
     SandboxLimits,
     compare_values,
     grade,
     parse_value,
 )
+from tempering.sandbox.service import RemoteSandbox
 from tempering.types import ExecResult, Task
 
 _default: LocalSandbox | None = None
@@ -66,6 +79,6 @@ def run_tests(task: Task, code: str) -> ExecResult:
 
 
 __all__ = [
-    "ExecRequest", "ExecResult", "LocalSandbox", "SandboxLimits", "compare_values", "default_sandbox", "grade",
-    "parse_value", "run", "run_batch", "run_tests",
+    "LANGUAGES", "ExecRequest", "ExecResult", "LocalSandbox", "RemoteSandbox", "Sandbox", "SandboxLimits",
+    "compare_values", "default_sandbox", "grade", "parse_value", "run", "run_batch", "run_tests",
 ]

@@ -1,17 +1,29 @@
 """Sandbox fork server: a long-lived process that forks a fresh, rlimited child per execution.
 
-This file is run as a script by any python3 (it imports nothing from tempering). Protocol on fds 0/1:
-each message is a 4-byte big-endian length followed by UTF-8 JSON. One request -> one response.
+This file is run by any python3 (it imports nothing from tempering), usually as PID 1 of a bubblewrap
+container (`isolation.py`). Protocol on fds 0/1: each message is a 4-byte big-endian length followed by
+UTF-8 JSON. One request -> one response; a `check` request is followed by a second message holding the
+test code, which is read only *after* the program's process has been forked, so it never exists in the
+program's memory.
 
-The child runs the program in its own session and process group, in a fresh scratch directory, with
-rlimits on CPU, address space, file size and open files. Its stdout/stderr are pipes read here up to a
-cap. For function-call tests the child sends back only the *values* the entry point returned (as repr
-of plain built-in types) on fd 3; expected outputs never enter this process, so the comparison - and
-the verdict - happen in the host, out of the program's reach.
+Per execution:
+- the program runs in a forked child: own session, scratch directory, rlimits (CPU, address space,
+  processes, file size, open files), empty environment, stdout/stderr to pipes read here up to a cap;
+- `calls`: the child calls the entry point on each input and sends back only the repr of each returned
+  plain value on fd 3; expected outputs never enter the sandbox, the host compares;
+- `check`: HumanEval-style test code (`check(candidate)`) runs in a *second* child, the checker, that
+  never runs untrusted code; its `candidate` is a proxy that sends the arguments to the program's child
+  and parses the returned value as a literal. The verdicts come back on the checker's own pipe, which
+  the program cannot reach;
+- afterwards every process the execution left behind is killed (this server is PID 1 of its namespace,
+  or a child subreaper) and the scratch area is wiped.
 """
 # ruff: noqa: I001  (the second import block, preloaded for solutions, is grouped on purpose)
 
+import ast
 import builtins
+import ctypes
+import fcntl
 import json
 import os
 import resource
@@ -19,6 +31,7 @@ import select
 import shutil
 import signal
 import struct
+import subprocess
 import sys
 import tempfile
 import time
@@ -40,6 +53,21 @@ import typing  # noqa: F401
 PLAIN_TYPES = (int, float, complex, str, bytes, bool, type(None), list, tuple, dict, set, frozenset)
 RESULT_CAP = 4 << 20
 MB = 1 << 20
+PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER = 4, 36
+COMPILE_TIMEOUT_S = 20.0
+COMPILE_MEMORY_MB = 2048
+
+# How each language is run. Python runs inside the forked child (no exec: no interpreter start-up).
+LANGUAGES = {
+    "bash": {"file": "main.sh", "run": ["bash", "main.sh"]},
+    "javascript": {"file": "main.js", "run": ["node", "main.js"]},
+    "c": {"file": "main.c", "compile": ["gcc", "-O2", "-std=gnu17", "-o", "main", "main.c", "-lm"],
+          "run": ["./main"]},
+    "cpp": {"file": "main.cpp", "compile": ["g++", "-O2", "-std=gnu++17", "-o", "main", "main.cpp"],
+            "run": ["./main"]},
+}
+# V8 reserves about 1 GiB of address space before running anything: its heap is capped instead.
+NODE_RESERVE_MB = 1024
 
 
 def read_msg(fd):
@@ -77,6 +105,17 @@ def vm_size_bytes():
     return 0
 
 
+def prctl(option, value):
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
+    except (OSError, AttributeError):
+        return -1
+
+
+def which(name):
+    return shutil.which(name, path="/usr/local/bin:/usr/bin:/bin")
+
+
 # ------------------------------------------------------------------------------------------- child
 
 
@@ -91,33 +130,54 @@ def is_plain(value, depth=0):
     return True
 
 
-def run_child(req, fds, scratch, memory_limit):
-    """In the forked child: limit, isolate, run. Never returns."""
-    stdin_fd, out_w, err_w, res_w = fds
-    try:
-        os.setsid()
-        cpu = max(1, int(req["cpu_s"] + 0.999))
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+def set_limits(req, memory_limit):
+    cpu = max(1, int(req["cpu_s"] + 0.999))
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+    if memory_limit:
         resource.setrlimit(resource.RLIMIT_AS, (memory_limit, memory_limit))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (req["max_file_bytes"], req["max_file_bytes"]))
-        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        nproc = req.get("max_processes")
-        if nproc:  # not enforced for root: the isolation layer's pid limit covers that case
-            resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
-        os.chdir(scratch)
-        os.dup2(stdin_fd, 0)
-        os.dup2(out_w, 1)
-        os.dup2(err_w, 2)
-        os.dup2(res_w, 3)
-        os.closerange(4, 1024)
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGPIPE, signal.SIGCHLD):
-            signal.signal(sig, signal.SIG_DFL)
-        sys.stdin = open(0, encoding="utf-8", errors="replace", closefd=False)
-        sys.stdout = open(1, "w", encoding="utf-8", errors="backslashreplace", closefd=False)
-        sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False)
-        os.environ.clear()
-        sys.argv = ["solution.py"]
+    resource.setrlimit(resource.RLIMIT_FSIZE, (req["max_file_bytes"], req["max_file_bytes"]))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    nproc = req.get("max_processes")
+    if nproc:  # counted per real uid: each worker runs as its own uid (the host's root is not bound by it)
+        resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+
+
+def enter_child(fds, scratch):
+    """Common set-up of a forked child: new session, scratch cwd, fds 0-3 (+ extra), empty environment."""
+    os.setsid()
+    os.chdir(scratch)
+    high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 100) for fd in fds]  # out of the way of the dup2s below
+    for target, fd in enumerate(high):
+        os.dup2(fd, target)
+    os.closerange(len(fds), 1024)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGPIPE, signal.SIGCHLD):
+        signal.signal(sig, signal.SIG_DFL)
+    sys.stdin = open(0, encoding="utf-8", errors="replace", closefd=False)
+    sys.stdout = open(1, "w", encoding="utf-8", errors="backslashreplace", closefd=False)
+    sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False)
+    os.environ.clear()
+    sys.argv = ["solution.py"]
+
+
+def run_child(req, fds, scratch, memory_limit):
+    """In the forked program child: isolate, limit, run. Never returns."""
+    try:
+        enter_child(fds, scratch)
+        prctl(PR_SET_DUMPABLE, 1)  # its own /proc/self is readable again; the server and checker stay closed
+        language = req.get("language", "python")
+        if language != "python":
+            spec = LANGUAGES[language]
+            argv = [which(spec["run"][0]) or spec["run"][0]] + spec["run"][1:]
+            if language == "javascript":
+                argv[1:1] = [f"--max-old-space-size={int(req['memory_mb'])}", "--stack-size=4000"]
+                memory_limit = memory_limit + NODE_RESERVE_MB * MB
+            set_limits(req, memory_limit)
+            os.closerange(3, 1024)  # result channels are for the Python harness only
+            os.environ.update({"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": scratch, "LANG": "C.UTF-8"})
+            os.execve(argv[0], argv, dict(os.environ))
+        set_limits(req, memory_limit)
+        install_audit(req)
     except BaseException:
         os._exit(120)
     code = run_program(req)
@@ -129,9 +189,47 @@ def run_child(req, fds, scratch, memory_limit):
     os._exit(code)
 
 
+AUDIT_FLAGS = {
+    "socket.connect": "network_attempt", "socket.bind": "network_attempt",
+    "subprocess.Popen": "spawned_process", "os.system": "spawned_process", "os.exec": "spawned_process",
+    "os.posix_spawn": "spawned_process", "os.fork": "spawned_process",
+    "os.kill": "signal_sent", "os.killpg": "signal_sent",
+    "ctypes.dlopen": "ctypes", "ctypes.dlsym": "ctypes",
+}
+
+
+def install_audit(req):
+    """Report (once per kind) what the program tried: network, processes, signals, files outside its
+    directory. Reports only; the isolation layer is what stops these."""
+    if not req.get("audit", True):
+        return
+    _write, _dumps, _seen, _flags = os.write, json.dumps, set(), AUDIT_FLAGS
+    _allowed = ("/usr/", "/lib", "/etc/ld.so", "/proc/self/", "/dev/null", "/dev/urandom", ".", "main.", "solution")
+
+    def report(flag):
+        if flag not in _seen:
+            _seen.add(flag)
+            try:
+                _write(3, (_dumps({"event": "flag", "flag": flag}) + "\n").encode())
+            except OSError:
+                pass
+
+    def hook(event, args):
+        flag = _flags.get(event)
+        if flag:
+            report(flag)
+        elif event == "open" and args and isinstance(args[0], str):
+            path = args[0]
+            if path.startswith("/") and not path.startswith(_allowed) and not path.startswith(os.getcwd()):
+                report("file_outside_scratch")
+
+    sys.addaudithook(hook)
+
+
 def run_program(req):
     # Keep private references: the program may rebind builtins, but not these locals.
     _write, _repr, _type, _dumps, _is_plain = os.write, repr, type, json.dumps, is_plain
+    mode = req.get("kind", "program")
 
     def send(obj):
         try:
@@ -151,9 +249,9 @@ def run_program(req):
     try:
         exec(code, namespace)
     except SystemExit as e:
-        send({"event": "flag", "flag": "exit_before_tests"} if req.get("calls") is not None else {"event": "exit"})
+        send({"event": "flag", "flag": "exit_before_tests"} if mode != "program" else {"event": "exit"})
         exit_code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-        if req.get("calls") is None:
+        if mode == "program":
             return exit_code
     except MemoryError:
         send({"event": "memory_error"})
@@ -161,11 +259,11 @@ def run_program(req):
         return 1
     except BaseException:
         traceback.print_exc()
-        if req.get("calls") is None:
+        if mode == "program":
             return 1
         send({"event": "module_error", "error": traceback.format_exc(limit=-3)})
         exit_code = 1
-    if req.get("calls") is None:
+    if mode == "program":
         return exit_code
     current = vars(builtins)
     if len(current) != len(builtins_before) or any(builtins_before.get(k) is not v for k, v in current.items()):
@@ -177,68 +275,370 @@ def run_program(req):
     if not callable(fn):
         send({"event": "no_entry_point"})
         return exit_code or 1
-    for i, args in enumerate(req["calls"]):
+
+    def call(i, args):
         try:
             value = fn(*args)
         except SystemExit:
-            send({"i": i, "ok": False, "error": "SystemExit raised inside the function", "flag": "exit_in_test"})
-            continue
+            return {"i": i, "ok": False, "error": "SystemExit raised inside the function", "flag": "exit_in_test"}
         except MemoryError:
-            send({"i": i, "ok": False, "error": "MemoryError", "flag": "memory_error"})
-            continue
+            return {"i": i, "ok": False, "error": "MemoryError", "flag": "memory_error"}
         except BaseException as e:
-            send({"i": i, "ok": False, "error": f"{_type(e).__name__}: {e}"[:2000]})
-            continue
+            return {"i": i, "ok": False, "error": f"{_type(e).__name__}: {e}"[:2000]}
         if not _is_plain(value):
-            send({"i": i, "ok": False, "error": f"returned a {_type(value).__name__}, not a plain value",
-                  "flag": "non_builtin_output"})
-            continue
+            return {"i": i, "ok": False, "error": f"returned a {_type(value).__name__}, not a plain value",
+                    "flag": "non_builtin_output"}
         try:
-            send({"i": i, "ok": True, "value": _repr(value)})
+            return {"i": i, "ok": True, "value": _repr(value)}
         except BaseException as e:  # e.g. a repr too deep to build
-            send({"i": i, "ok": False, "error": f"{_type(e).__name__} while encoding the result"})
-    send({"event": "done"})
-    return exit_code
+            return {"i": i, "ok": False, "error": f"{_type(e).__name__} while encoding the result"}
+
+    if mode == "calls":
+        for i, args in enumerate(req["calls"]):
+            send(call(i, args))
+        send({"event": "done"})
+        return exit_code
+    # check: serve calls from the checker on fd 4 until it closes the pipe. This process is killed when
+    # the checker is done, so what the program printed is flushed now and after every call.
+    flush()
+    send({"event": "ready"})
+    _read, _loads, _literal = os.read, json.loads, ast.literal_eval
+    pending, i = b"", 0
+    while True:
+        while b"\n" not in pending:
+            chunk = _read(4, 1 << 16)
+            if not chunk:
+                return exit_code
+            pending += chunk
+        line, pending = pending.split(b"\n", 1)
+        try:
+            args = _literal(_loads(line)["args"])
+        except BaseException as e:
+            send({"i": i, "ok": False, "error": f"arguments could not be passed: {_type(e).__name__}"})
+        else:
+            send(call(i, args))
+        flush()
+        i += 1
+
+
+def flush():
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BaseException:
+            pass
+
+
+# ----------------------------------------------------------------------------------------- checker
+
+
+class CandidateError(Exception):
+    """The program under test failed to answer a call (raised inside the checker's test code)."""
+
+
+class Candidate:
+    """Stands for the program's entry point inside trusted test code: each call is forwarded to the
+    program's process; the answer comes back as a literal, so it cannot be an object with a rigged __eq__."""
+
+    def __init__(self, call_w, ret_r, flags):
+        self.call_w, self.ret_r, self.flags, self.pending, self.calls = call_w, ret_r, flags, b"", 0
+
+    def __call__(self, *args):
+        try:
+            os.write(self.call_w, (json.dumps({"args": repr(args)}) + "\n").encode())
+        except OSError:
+            raise CandidateError("the program is no longer running") from None
+        msg = self.next_message()
+        index, self.calls = self.calls, self.calls + 1
+        if msg.get("i") != index:
+            self.flags.add("result_channel_tampered")
+            raise CandidateError("the answer channel was tampered with")
+        if not msg.get("ok"):
+            raise CandidateError(msg.get("error", "error"))
+        try:
+            return ast.literal_eval(msg["value"])
+        except (ValueError, SyntaxError, MemoryError, RecursionError, TypeError):
+            specials = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
+            if msg["value"] in specials:
+                return specials[msg["value"]]
+            raise CandidateError("returned a value that is not a plain literal") from None
+
+    def next_message(self):
+        """The next answer from the program; its events and flags are recorded on the way."""
+        while True:
+            while b"\n" not in self.pending:
+                chunk = os.read(self.ret_r, 1 << 16)
+                if not chunk:
+                    raise CandidateError("the program ended before answering")
+                self.pending += chunk
+            line, self.pending = self.pending.split(b"\n", 1)
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                self.flags.add("result_channel_tampered")
+                continue
+            if not isinstance(msg, dict):
+                self.flags.add("result_channel_tampered")
+            elif msg.get("event") == "flag":
+                self.flags.add(str(msg.get("flag")))
+            elif "event" in msg:
+                return msg
+            else:
+                if msg.get("flag"):
+                    self.flags.add(str(msg["flag"]))
+                return msg
+
+
+def run_checker(secret, fds, scratch, req):
+    """In the forked checker child: run each test's `check(candidate)`; report one verdict per test."""
+    call_w, ret_r, verdict_w = fds
+    try:
+        os.setsid()
+        os.chdir(scratch)
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for target in (0, 1, 2):
+            os.dup2(devnull, target)
+        keep = {call_w, ret_r, verdict_w}
+        for fd in range(3, 1024):
+            if fd not in keep:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        cpu = max(1, int(req["cpu_s"] + 0.999)) * 2
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+        flags = set()
+        candidate = Candidate(call_w, ret_r, flags)
+
+        def emit(obj):
+            data = (json.dumps(obj) + "\n").encode()
+            while data:
+                data = data[os.write(verdict_w, data):]
+
+        first = candidate.next_message()
+        while "i" in first:  # an answer before any question: forged by the program's module code
+            flags.add("result_channel_tampered")
+            first = candidate.next_message()
+        if first.get("event") != "ready":
+            emit({"event": first.get("event"), "flags": sorted(flags)})
+            os._exit(0)
+        for i, test_code in enumerate(secret["tests"]):
+            namespace = {"__name__": "__check__"}
+            try:
+                exec(compile(secret.get("prelude", "") + "\n" + test_code, "test.py", "exec"), namespace)
+                namespace["check"](candidate)
+                emit({"i": i, "ok": True})
+            except AssertionError as e:
+                emit({"i": i, "ok": False, "error": f"assertion failed{': ' + str(e) if str(e) else ''}"[:2000]})
+            except CandidateError as e:
+                emit({"i": i, "ok": False, "error": str(e)[:2000]})
+            except BaseException as e:
+                emit({"i": i, "ok": False, "error": f"{type(e).__name__}: {e}"[:2000]})
+        emit({"event": "done", "flags": sorted(flags)})
+    except CandidateError as e:
+        try:
+            os.write(verdict_w, (json.dumps({"event": "no_answer", "error": str(e)}) + "\n").encode())
+        except OSError:
+            pass
+    except BaseException:
+        pass
+    os._exit(0)
 
 
 # ------------------------------------------------------------------------------------------ parent
 
 
-def execute(req, base_dir, base_vm):
-    scratch = tempfile.mkdtemp(dir=base_dir)
-    stdin_path = os.path.join(scratch, ".stdin")
-    with open(stdin_path, "w", encoding="utf-8") as f:
-        f.write(req.get("stdin") or "")
-    stdin_fd = os.open(stdin_path, os.O_RDONLY)
-    os.unlink(stdin_path)  # the open fd keeps the data; the program's directory starts empty
-    out_r, out_w = os.pipe()
-    err_r, err_w = os.pipe()
-    res_r, res_w = os.pipe()
-    memory_limit = base_vm + int(req["memory_mb"]) * MB
-    start = time.monotonic()
-    pid = os.fork()
-    if pid == 0:  # the child must never return into the server loop, whatever the program did
+class Server:
+    def __init__(self, scratch_root):
+        self.scratch_root = scratch_root
+        self.base_vm = vm_size_bytes()
+        self.pid1 = os.getpid() == 1
+        if not self.pid1:
+            prctl(PR_SET_CHILD_SUBREAPER, 1)  # orphans of an execution come back to us, to be killed
+        prctl(PR_SET_DUMPABLE, 0)  # a program running as our uid cannot ptrace us or read our memory
+
+    def execute(self, req):
+        scratch = tempfile.mkdtemp(dir=self.scratch_root)
+        os.chmod(scratch, 0o700)
         try:
-            os.close(out_r), os.close(err_r), os.close(res_r)
-            run_child(req, (stdin_fd, out_w, err_w, res_w), scratch, memory_limit)
+            language = req.get("language", "python")
+            if language != "python" and language not in LANGUAGES:
+                return {"status": "sandbox_error", "stderr": f"unknown language '{language}'"}
+            if language != "python":
+                spec = LANGUAGES[language]
+                with open(os.path.join(scratch, spec["file"]), "w", encoding="utf-8") as f:
+                    f.write(req["code"])
+                if "compile" in spec:
+                    failed = self.compile(spec, scratch, req)
+                    if failed:
+                        return failed
+            return self.run(req, scratch)
         finally:
-            os._exit(121)
-    for fd in (stdin_fd, out_w, err_w, res_w):
-        os.close(fd)
-    try:
-        return collect(req, pid, start, out_r, err_r, res_r)
-    finally:
-        for fd in (out_r, err_r, res_r):
+            self.cleanup()
+
+    def compile(self, spec, scratch, req):
+        argv = [which(spec["compile"][0]) or spec["compile"][0]] + spec["compile"][1:]
+
+        def limits():
+            os.setsid()
+            limit = COMPILE_MEMORY_MB * MB
+            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+            resource.setrlimit(resource.RLIMIT_FSIZE, (64 * MB, 64 * MB))
+
+        start = time.monotonic()
+        try:
+            proc = subprocess.run(argv, cwd=scratch, capture_output=True, timeout=COMPILE_TIMEOUT_S,
+                                  env={"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "TMPDIR": scratch},
+                                  preexec_fn=limits, stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired as e:
+            message = (e.stderr or b"").decode("utf-8", "replace")
+            return {"status": "compile_error", "stderr": message + f"\ncompiler timed out after {COMPILE_TIMEOUT_S} s",
+                    "wall_time_s": time.monotonic() - start}
+        except OSError as e:
+            return {"status": "sandbox_error", "stderr": f"cannot run {argv[0]}: {e}"}
+        if proc.returncode != 0:
+            cap = int(req["max_output_bytes"])
+            message = (proc.stderr + proc.stdout).decode("utf-8", "replace")
+            return {"status": "compile_error", "exit_code": proc.returncode, "stderr": message[:cap],
+                    "stderr_truncated": len(message) > cap, "wall_time_s": time.monotonic() - start}
+        return None
+
+    def run(self, req, scratch):
+        kind = req.get("kind", "program")
+        stdin_path = os.path.join(scratch, ".stdin")
+        with open(stdin_path, "w", encoding="utf-8") as f:
+            f.write(req.get("stdin") or "")
+        stdin_fd = os.open(stdin_path, os.O_RDONLY)
+        os.unlink(stdin_path)  # the open fd keeps the data; the program's directory holds only its code
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        res_r, res_w = os.pipe()
+        call_r = call_w = None
+        child_fds = [stdin_fd, out_w, err_w, res_w]
+        if kind == "check":
+            call_r, call_w = os.pipe()
+            child_fds.append(call_r)
+        memory_limit = self.base_vm + int(req["memory_mb"]) * MB
+        start = time.monotonic()
+        pid = os.fork()
+        if pid == 0:  # the child must never return into the server loop, whatever the program did
+            try:
+                for fd in (out_r, err_r, res_r, call_w, 0, 1):
+                    if fd is not None:
+                        os.close(fd)
+                run_child(req, child_fds, scratch, memory_limit)
+            finally:
+                os._exit(121)
+        for fd in child_fds:
             os.close(fd)
-        shutil.rmtree(scratch, ignore_errors=True)
+        checker = None
+        verdict_r = None
+        if kind == "check":
+            # The test code follows the request on fd 0 and is read by the checker itself: it never exists
+            # in this server's memory, so no later program can find it in memory inherited by a fork.
+            verdict_r, verdict_w = os.pipe()
+            sync_r, sync_w = os.pipe()
+            checker = os.fork()
+            if checker == 0:
+                try:
+                    secret = read_msg(0) or {"tests": []}
+                    os.write(sync_w, b"1")
+                    os.close(sync_w)
+                    for fd in (out_r, err_r, verdict_r, sync_r, 0, 1):
+                        os.close(fd)
+                    run_checker(secret, (call_w, res_r, verdict_w), scratch, req)
+                finally:
+                    os._exit(121)
+            for fd in (verdict_w, call_w, res_r, sync_w):
+                os.close(fd)
+            read_ok = select.select([sync_r], [], [], 10.0)[0] and os.read(sync_r, 1) == b"1"
+            os.close(sync_r)
+            if not read_ok:  # the checker never took its message: drop it here, or it would be the next request
+                read_msg(0)
+            res_r = verdict_r
+        try:
+            return collect(req, pid, start, out_r, err_r, res_r, checker)
+        finally:
+            for fd in (out_r, err_r, res_r):
+                os.close(fd)
+
+    def cleanup(self):
+        """Kill every process the execution left behind, reap them, and wipe the scratch area."""
+        for _ in range(100):
+            victims = self.leftovers()
+            if not victims:
+                break
+            for pid in victims:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            self.reap()
+            time.sleep(0.001)
+        self.reap()
+        for name in os.listdir(self.scratch_root):
+            path = os.path.join(self.scratch_root, name)
+            try:
+                if os.path.isdir(path) and not os.path.islink(path):
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    os.unlink(path)
+            except OSError:
+                pass
+
+    def leftovers(self):
+        me = os.getpid()
+        found = []
+        for name in os.listdir("/proc"):
+            if not name.isdigit() or int(name) in (me, 1):
+                continue
+            if self.pid1:
+                found.append(int(name))  # our namespace holds only us and what executions started
+                continue
+            try:
+                with open(f"/proc/{name}/stat", "rb") as f:
+                    ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            if ppid == me:
+                found.append(int(name))
+        return found
+
+    @staticmethod
+    def reap():
+        while True:
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
 
 
-def collect(req, pid, start, out_r, err_r, res_r):
+def drain(fds, bufs, caps, over):
+    """Read what is still buffered in the pipes of processes that were just killed."""
+    fds = [fd for fd in fds if not over[fd]]
+    while fds:
+        ready, _, _ = select.select(fds, [], [], 0.05)
+        if not ready:
+            return
+        for fd in ready:
+            chunk = os.read(fd, 65536)
+            room = caps[fd] - len(bufs[fd])
+            if not chunk or room <= 0:
+                fds.remove(fd)
+                continue
+            bufs[fd] += chunk[:room]
+
+
+def collect(req, pid, start, out_r, err_r, res_r, checker=None):
     cap = int(req["max_output_bytes"])
     bufs = {out_r: bytearray(), err_r: bytearray(), res_r: bytearray()}
     caps = {out_r: cap, err_r: cap, res_r: RESULT_CAP}
     over = {out_r: False, err_r: False, res_r: False}
-    pidfd = os.pidfd_open(pid)
+    # With a checker, the run ends when the checker is done (the program keeps serving calls till then).
+    watched = checker if checker is not None else pid
+    pidfd = os.pidfd_open(watched)
     deadline = start + float(req["timeout_s"])
     reason = None
     exited_at = None
@@ -270,17 +670,28 @@ def collect(req, pid, start, out_r, err_r, res_r):
                     bufs[fd] += chunk
             if reason:
                 break
+            if checker is not None and exited_at is not None and res_r not in open_fds:
+                break
     finally:
-        try:
-            os.killpg(pid, signal.SIGKILL)  # the child's whole process group, stragglers included
-        except ProcessLookupError:
-            pass
+        own_exit = checker is not None and os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        for target in (pid, checker):
+            if target is None:
+                continue
+            try:
+                os.killpg(target, signal.SIGKILL)  # the child's whole process group, stragglers included
+            except ProcessLookupError:
+                pass
         os.close(pidfd)
+        drain(open_fds, bufs, caps, over)
     _, status, usage = os.wait4(pid, 0)
+    if checker is not None:
+        os.waitpid(checker, 0)
     wall = time.monotonic() - start
     exit_code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
     sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
     cpu = usage.ru_utime + usage.ru_stime
+    if checker is not None and not own_exit and reason is None:
+        sig, exit_code = None, 0  # stopped by us once the checker was done, not by a limit
 
     events, calls, flags = [], {}, []
     for line in bytes(bufs[res_r]).decode("utf-8", "replace").splitlines():
@@ -302,7 +713,16 @@ def collect(req, pid, start, out_r, err_r, res_r):
             flags.append(msg.get("flag"))
         else:
             events.append(msg.get("event"))
-    if req.get("calls") is not None and "done" not in events and reason is None:
+            flags.extend(msg.get("flags") or [])
+            if msg.get("event") == "no_answer":
+                events.append("module_error")
+    if "result_channel_tampered" in flags and req.get("kind") == "calls":
+        calls = {}  # forged answers cannot be told from real ones: none counts
+        events.append("tampered")
+    kind = req.get("kind", "program")
+    n_tests = len(req["calls"]) if kind == "calls" else int(req.get("n_tests") or 0)
+    if kind != "program" and "done" not in events and reason is None and "compile_error" not in events \
+            and "tampered" not in events:
         flags.append("exit_before_tests" if not calls else "exit_during_tests")
 
     if reason == "timeout" or sig == signal.SIGXCPU or (sig == signal.SIGKILL and cpu >= req["cpu_s"]):
@@ -331,27 +751,30 @@ def collect(req, pid, start, out_r, err_r, res_r):
         "wall_time_s": wall,
         "cpu_time_s": cpu,
         "max_rss_mb": usage.ru_maxrss / 1024.0,
-        "calls": [calls.get(i) for i in range(len(req["calls"]))] if req.get("calls") is not None else None,
+        "calls": [calls.get(i) for i in range(n_tests)] if kind != "program" else None,
         "flags": sorted(set(f for f in flags if f)),
     }
 
 
 def main():
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-    base_dir = tempfile.mkdtemp(prefix="tempering-sbx-", dir=sys.argv[1] if len(sys.argv) > 1 else None)
-    base_vm = vm_size_bytes()
+    scratch_root = sys.argv[1] if len(sys.argv) > 1 else tempfile.mkdtemp(prefix="tempering-sbx-")
+    os.makedirs(scratch_root, exist_ok=True)
+    server = Server(scratch_root)
+    write_msg(1, {"ready": True, "pid1": server.pid1, "uid": os.getuid()})
     try:
         while True:
             req = read_msg(0)
             if req is None:
                 break
             try:
-                resp = execute(req, base_dir, base_vm)
+                resp = server.execute(req)
             except Exception:
                 resp = {"status": "sandbox_error", "stderr": traceback.format_exc()}
             write_msg(1, resp)
     finally:
-        shutil.rmtree(base_dir, ignore_errors=True)
+        if len(sys.argv) <= 1:
+            shutil.rmtree(scratch_root, ignore_errors=True)
 
 
 if __name__ == "__main__":

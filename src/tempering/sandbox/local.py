@@ -1,8 +1,9 @@
 """Host side of the sandbox: a pool of warm fork-server workers, and the test verdicts.
 
-A worker (`_worker.py`) is started once and then forks a fresh, limited child per execution, so the
-interpreter's start-up is paid once per worker, not once per execution. Expected test outputs stay in
-this process: the worker returns only what the program produced, and `compare_values` decides here.
+A worker (`_worker.py`) is started once - inside a bubblewrap container where available, see
+`isolation.py` - and then forks a fresh, limited child per execution, so neither the interpreter's
+start-up nor the container's is paid per execution. Expected test outputs stay in this process: the
+worker returns only what the program produced, and `compare_values` decides here.
 """
 
 from __future__ import annotations
@@ -14,51 +15,60 @@ import math
 import os
 import queue
 import select
-import shutil
 import signal
 import struct
 import subprocess
+import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 from tempering.errors import SandboxError
+from tempering.sandbox.isolation import Isolation, next_worker_uid, resolve
 from tempering.types import ExecResult, Task, TestCase, TestResult
 
-WORKER_SCRIPT = Path(__file__).with_name("_worker.py")
-# How much longer than the execution's own timeout the host waits for a worker before declaring it hung.
-WORKER_GRACE_S = 5.0
+LANGUAGES = ("python", "bash", "javascript", "c", "cpp")
+# How much longer than the execution's own timeout the host waits for a worker before declaring it hung
+# (covers compiling C/C++, which has its own 20 s limit inside the worker).
+WORKER_GRACE_S = 25.0
+WORKER_START_TIMEOUT_S = 20.0
 
 
 @dataclass(frozen=True)
 class SandboxLimits:
     timeout_s: float = 2.0
-    """Wall-clock limit; the whole process group is killed when it passes."""
+    """Wall-clock limit; the whole process tree is killed when it passes."""
     cpu_s: float = 2.0
     """CPU-time limit (RLIMIT_CPU)."""
     memory_mb: int = 256
-    """Address space on top of the interpreter's own (RLIMIT_AS)."""
+    """Address space on top of the interpreter's own (RLIMIT_AS); for JavaScript, V8's heap limit."""
     max_output_bytes: int = 65536
     """Per stream; a program that writes more is stopped with status output_limit."""
     max_file_bytes: int = 16 << 20
     """Largest file the program may write (RLIMIT_FSIZE)."""
-    max_processes: int = 0
-    """RLIMIT_NPROC for the program (0 = not set; the kernel ignores it for root)."""
+    max_processes: int = 32
+    """RLIMIT_NPROC: processes and threads of the worker's uid (each worker has its own uid when the
+    host is root; a non-root host shares its uid's count with the sandbox)."""
 
 
 @dataclass
 class ExecRequest:
-    """One execution: a whole program (`stdin`), or function calls on `entry_point` (`calls`)."""
+    """One execution: a whole program (`stdin`), function calls on `entry_point` (`calls`), or
+    HumanEval-style `check(candidate)` test code run against `entry_point` from a separate process."""
 
     code: str
     language: str = "python"
     stdin: str | None = None
     entry_point: str | None = None
     calls: list[list[Any]] | None = None
+    checks: list[str] | None = None
     limits: SandboxLimits = field(default_factory=SandboxLimits)
+
+    @property
+    def kind(self) -> str:
+        return "check" if self.checks is not None else "calls" if self.calls is not None else "program"
 
 
 def default_python() -> str:
@@ -74,31 +84,44 @@ def default_python() -> str:
 # ------------------------------------------------------------------------------------------ workers
 
 
+class WorkerDied(SandboxError):
+    """The worker process ended during an execution (a program in a weakly isolated worker killed it)."""
+
+
 class _Worker:
     """One fork-server process and its pipes."""
 
-    def __init__(self, python: str):
-        self.python = python
-        self.proc = subprocess.Popen(
-            [python, "-s", "-B", str(WORKER_SCRIPT)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            env={"PYTHONHASHSEED": "0"},  # none of the host's variables; fixed hashing = repeatable runs
-            cwd="/",
-            start_new_session=True,
-        )
-
-    def request(self, payload: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-        body = json.dumps(payload).encode()
+    def __init__(self, isolation: Isolation):
+        self.uid = next_worker_uid()
+        argv, run_as = isolation.worker_command(self.uid)
+        self.errors = tempfile.TemporaryFile()
         try:
-            self.proc.stdin.write(struct.pack(">I", len(body)) + body)
+            self.proc = subprocess.Popen(
+                argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.errors,
+                env={"PYTHONHASHSEED": "0"} if isolation.backend == "process" else {},
+                cwd="/", start_new_session=True, **run_as,
+            )
+        except OSError as e:
+            raise SandboxError(f"cannot start a sandbox worker ({argv[0]}): {e}") from None
+        try:
+            self.info = self._receive(time.monotonic() + WORKER_START_TIMEOUT_S)
+        except SandboxError as e:
+            self.close()
+            self.errors.seek(0)
+            detail = self.errors.read().decode(errors="replace").strip()[-500:]
+            raise SandboxError(f"sandbox worker failed to start: {e}" + (f": {detail}" if detail else "")) from None
+
+    def request(self, payload: dict[str, Any], timeout_s: float, secret: dict | None = None) -> dict[str, Any]:
+        data = _frame(payload) + (_frame(secret) if secret is not None else b"")
+        try:
+            self.proc.stdin.write(data)
             self.proc.stdin.flush()
         except (BrokenPipeError, OSError) as e:
-            raise SandboxError(f"sandbox worker is gone ({e})") from None
-        deadline = time.monotonic() + timeout_s
-        header = self._read(4, deadline)
-        (n,) = struct.unpack(">I", header)
+            raise WorkerDied(f"sandbox worker is gone ({e})") from None
+        return self._receive(time.monotonic() + timeout_s)
+
+    def _receive(self, deadline: float) -> dict[str, Any]:
+        (n,) = struct.unpack(">I", self._read(4, deadline))
         return json.loads(self._read(n, deadline))
 
     def _read(self, n: int, deadline: float) -> bytes:
@@ -110,7 +133,7 @@ class _Worker:
                 raise SandboxError("sandbox worker did not answer in time")
             chunk = os.read(fd, n - len(data))
             if not chunk:
-                raise SandboxError(f"sandbox worker exited (code {self.proc.poll()})")
+                raise WorkerDied(f"sandbox worker exited (code {self.proc.wait()})")
             data += chunk
         return bytes(data)
 
@@ -122,73 +145,26 @@ class _Worker:
             except (OSError, subprocess.TimeoutExpired):
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
+        self.errors.close()
 
 
-class LocalSandbox:
-    """A pool of `workers` fork-server processes on this machine.
+def _frame(obj: dict) -> bytes:
+    body = json.dumps(obj).encode()
+    return struct.pack(">I", len(body)) + body
 
-    Thread-safe; `run_batch` keeps every worker busy. Requests beyond the pool wait in a bounded queue
-    (the thread pool's), which is the backpressure: a caller submitting faster than the workers execute
-    simply blocks in `run_batch`.
-    """
 
-    def __init__(self, limits: SandboxLimits | None = None, *, workers: int = 2, python: str | None = None):
-        self.limits = limits or SandboxLimits()
-        self.python = python or default_python()
-        if not shutil.which(self.python) and not os.access(self.python, os.X_OK):
-            raise SandboxError(f"sandbox interpreter '{self.python}' not found")
-        self.size = max(1, workers)
-        self._idle: queue.Queue[_Worker] = queue.Queue()
-        for _ in range(self.size):
-            self._idle.put(_Worker(self.python))
-        self._pool = ThreadPoolExecutor(max_workers=self.size, thread_name_prefix="sandbox")
-        self._lock = threading.Lock()
-        self._closed = False
-        atexit.register(self.close)
+class Sandbox:
+    """What every sandbox offers (local pool or remote service); subclasses implement `execute_many`."""
 
-    # --------------------------------------------------------------------------------- execution
+    limits: SandboxLimits
 
-    def execute(self, req: ExecRequest) -> dict[str, Any]:
-        """Run one request on an idle worker; the raw worker response (see `_worker.collect`)."""
-        if req.language != "python":
-            raise SandboxError(f"language '{req.language}' is not supported by this sandbox (python only)")
-        lim = req.limits
-        payload = {
-            "code": req.code,
-            "stdin": req.stdin,
-            "entry_point": req.entry_point,
-            "calls": req.calls,
-            "timeout_s": lim.timeout_s,
-            "cpu_s": lim.cpu_s,
-            "memory_mb": lim.memory_mb,
-            "max_output_bytes": lim.max_output_bytes,
-            "max_file_bytes": lim.max_file_bytes,
-            "max_processes": lim.max_processes,
-        }
-        worker = self._idle.get()
-        try:
-            return worker.request(payload, lim.timeout_s + WORKER_GRACE_S)
-        except SandboxError as e:
-            worker.close()
-            worker = _Worker(self.python)  # replace the broken worker; this request fails
-            return {"status": "sandbox_error", "stderr": str(e)}
-        finally:
-            self._idle.put(worker)
-
-    def run(
-        self,
-        code: str,
-        *,
-        language: str = "python",
-        stdin: str | None = None,
-        timeout_s: float | None = None,
-        memory_mb: int | None = None,
-    ) -> ExecResult:
-        return self.run_batch([self.request(code, language=language, stdin=stdin, timeout_s=timeout_s,
-                                            memory_mb=memory_mb)])[0]
+    def execute_many(self, requests: list[ExecRequest], *, concurrency: int | None = None) -> list[dict[str, Any]]:
+        """Raw worker responses (see `_worker.collect`), in the order of `requests`."""
+        raise NotImplementedError
 
     def request(self, code: str, *, timeout_s: float | None = None, memory_mb: int | None = None,
                 **kw: Any) -> ExecRequest:
+        """An ExecRequest with this sandbox's limits, optionally with another timeout / memory limit."""
         limits = self.limits
         if timeout_s is not None:
             limits = replace(limits, timeout_s=timeout_s, cpu_s=min(limits.cpu_s, timeout_s))
@@ -196,26 +172,118 @@ class LocalSandbox:
             limits = replace(limits, memory_mb=memory_mb)
         return ExecRequest(code=code, limits=limits, **kw)
 
+    def run(self, code: str, *, language: str = "python", stdin: str | None = None,
+            timeout_s: float | None = None, memory_mb: int | None = None) -> ExecResult:
+        """Execute one program and return what it did."""
+        req = self.request(code, language=language, stdin=stdin, timeout_s=timeout_s, memory_mb=memory_mb)
+        return self.run_batch([req])[0]
+
     def run_batch(self, requests: list[ExecRequest], *, concurrency: int | None = None) -> list[ExecResult]:
-        """Execute requests in parallel (at most `concurrency`, default the pool size); results in order."""
-        raw = self._map(self.execute, requests, concurrency)
-        return [_to_result(r) for r in raw]
+        """Execute requests in parallel (at most `concurrency`); results in order."""
+        return [_to_result(r) for r in self.execute_many(requests, concurrency=concurrency)]
 
     def run_tests(self, task: Task, code: str) -> ExecResult:
+        """Execute `code` against the task's hidden tests."""
         return self.run_tests_batch([(task, code)])[0]
 
-    def run_tests_batch(
-        self, items: list[tuple[Task, str]], *, concurrency: int | None = None
-    ) -> list[ExecResult]:
-        """Run each program against its task's hidden tests; per-test verdicts are decided here."""
+    def run_tests_batch(self, items: list[tuple[Task, str]], *, concurrency: int | None = None) -> list[ExecResult]:
+        """Run each program against its task's hidden tests; per-test verdicts are decided here, in the
+        caller's process: expected outputs are never sent to a worker (or to a remote service)."""
         jobs: list[ExecRequest] = []
         spans: list[tuple[int, int]] = []
         for task, code in items:
             reqs = test_requests(task, code, self.limits)
             spans.append((len(jobs), len(jobs) + len(reqs)))
             jobs += reqs
-        raw = self._map(self.execute, jobs, concurrency)
+        raw = self.execute_many(jobs, concurrency=concurrency)
         return [grade(task, raw[a:b]) for (task, _), (a, b) in zip(items, spans)]
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class LocalSandbox(Sandbox):
+    """A pool of `workers` fork-server processes on this machine.
+
+    Thread-safe; `execute_many` keeps every worker busy. At most `workers` executions run at once; the
+    rest of a batch waits in the caller (`run_batch` returns when all are done), which is the
+    backpressure: a caller submitting faster than the workers execute simply blocks.
+    """
+
+    def __init__(self, limits: SandboxLimits | None = None, *, workers: int = 2, python: str | None = None,
+                 isolation: str = "auto", scratch_mb: int = 64):
+        self.limits = limits or SandboxLimits()
+        self.python = python or default_python()
+        if not os.access(self.python, os.X_OK):
+            raise SandboxError(f"sandbox interpreter '{self.python}' not found")
+        self.isolation = resolve(isolation, self.python, scratch_mb)
+        self.size = max(1, workers)
+        self._idle: queue.Queue[_Worker] = queue.Queue()
+        started: list[_Worker] = []
+        try:
+            for _ in range(self.size):
+                started.append(_Worker(self.isolation))
+        except SandboxError:
+            for w in started:
+                w.close()
+            raise
+        for w in started:
+            self._idle.put(w)
+        self._pool = ThreadPoolExecutor(max_workers=self.size, thread_name_prefix="sandbox")
+        self._lock = threading.Lock()
+        self._closed = False
+        atexit.register(self.close)
+
+    @property
+    def backend(self) -> str:
+        return self.isolation.backend
+
+    def protections(self):
+        """What this sandbox's workers are protected by (see `tempering sandbox doctor`)."""
+        return self.isolation.protections(next_worker_uid())
+
+    # --------------------------------------------------------------------------------- execution
+
+    def execute(self, req: ExecRequest) -> dict[str, Any]:
+        """Run one request on an idle worker; the raw worker response (see `_worker.collect`)."""
+        if req.language not in LANGUAGES:
+            raise SandboxError(f"language '{req.language}' is not supported; use one of {', '.join(LANGUAGES)}")
+        if req.kind != "program" and req.language != "python":
+            raise SandboxError(f"function-call and check() tests need language python, not '{req.language}'")
+        lim = req.limits
+        payload = {
+            "kind": req.kind,
+            "code": req.code,
+            "language": req.language,
+            "stdin": req.stdin,
+            "entry_point": req.entry_point,
+            "calls": req.calls,
+            "n_tests": len(req.checks) if req.checks is not None else None,
+            "timeout_s": lim.timeout_s,
+            "cpu_s": lim.cpu_s,
+            "memory_mb": lim.memory_mb,
+            "max_output_bytes": lim.max_output_bytes,
+            "max_file_bytes": lim.max_file_bytes,
+            "max_processes": lim.max_processes,
+        }
+        secret = {"tests": req.checks} if req.checks is not None else None
+        worker = self._idle.get()
+        try:
+            return worker.request(payload, lim.timeout_s + WORKER_GRACE_S, secret)
+        except SandboxError as e:
+            worker.close()
+            worker = _Worker(self.isolation)  # replace the broken worker; this request fails
+            status = "killed" if isinstance(e, WorkerDied) else "sandbox_error"
+            return {"status": status, "stderr": f"{e}: the execution ended its sandbox worker"
+                    if status == "killed" else str(e)}
+        finally:
+            self._idle.put(worker)
 
     def _map(self, fn, items: list, concurrency: int | None) -> list:
         if self._closed:
@@ -236,11 +304,8 @@ class LocalSandbox:
         while not self._idle.empty():
             self._idle.get().close()
 
-    def __enter__(self) -> LocalSandbox:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def execute_many(self, requests: list[ExecRequest], *, concurrency: int | None = None) -> list[dict[str, Any]]:
+        return self._map(self.execute, requests, concurrency)
 
 
 # ------------------------------------------------------------------------------------------ verdicts
@@ -252,15 +317,20 @@ def test_requests(task: Task, code: str, limits: SandboxLimits) -> list[ExecRequ
         calls = [list(t.input) for t in task.tests]
         return [ExecRequest(code=code, language=task.language, entry_point=task.entry_point, calls=calls,
                             limits=limits)]
+    if task.tests[0].is_check:
+        checks = [t.check for t in task.tests]
+        return [ExecRequest(code=code, language=task.language, entry_point=task.entry_point, checks=checks,
+                            limits=limits)]
     return [ExecRequest(code=code, language=task.language, stdin=t.stdin, limits=limits) for t in task.tests]
 
 
 def grade(task: Task, raw: list[dict[str, Any]]) -> ExecResult:
     """Turn worker responses for a task into one ExecResult with a verdict per hidden test."""
-    if task.tests[0].is_call:
+    if task.tests[0].is_call or task.tests[0].is_check:
         result = _to_result(raw[0])
         calls = raw[0].get("calls") or [None] * len(task.tests)
-        result.tests = [_grade_call(i, t, c, result) for i, (t, c) in enumerate(zip(task.tests, calls))]
+        grade_one = _grade_call if task.tests[0].is_call else _grade_check
+        result.tests = [grade_one(i, t, c, result) for i, (t, c) in enumerate(zip(task.tests, calls))]
         return result
     results = [_to_result(r) for r in raw]
     tests = []
@@ -280,12 +350,24 @@ def grade(task: Task, raw: list[dict[str, Any]]) -> ExecResult:
     return merged
 
 
+def _no_result(name: str, result: ExecResult) -> TestResult:
+    why = {"timeout": "timed out", "memory_limit": "out of memory", "output_limit": "output limit"}.get(
+        result.status, "the program ended before this test ran")
+    return TestResult(name, False, f"no result: {why}" + (f"\n{_tail(result.stderr)}" if result.stderr else ""))
+
+
+def _grade_check(i: int, test: TestCase, verdict: dict[str, Any] | None, result: ExecResult) -> TestResult:
+    """check() tests: the verdict was decided by the checker process, which never ran the program's code."""
+    name = test.name or f"test_{i}"
+    if verdict is None:
+        return _no_result(name, result)
+    return TestResult(name, bool(verdict.get("ok")), None if verdict.get("ok") else verdict.get("error", "failed"))
+
+
 def _grade_call(i: int, test: TestCase, call: dict[str, Any] | None, result: ExecResult) -> TestResult:
     name = test.name or f"test_{i}"
     if call is None:
-        why = {"timeout": "timed out", "memory_limit": "out of memory", "output_limit": "output limit"}.get(
-            result.status, "the program ended before this test ran")
-        return TestResult(name, False, f"no result: {why}" + (f"\n{_tail(result.stderr)}" if result.stderr else ""))
+        return _no_result(name, result)
     if not call.get("ok"):
         return TestResult(name, False, call.get("error", "error"))
     try:
