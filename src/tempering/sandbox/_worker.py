@@ -426,6 +426,10 @@ def run_checker(secret, fds, scratch, req):
             namespace = {"__name__": "__check__"}
             try:
                 exec(compile(secret.get("prelude", "") + "\n" + test_code, "test.py", "exec"), namespace)
+                # HumanEval's tests may call the function by its own name (they ran in the program's
+                # namespace there): that name is the candidate too.
+                if req.get("entry_point"):
+                    namespace[req["entry_point"]] = candidate
                 namespace["check"](candidate)
                 emit({"i": i, "ok": True})
             except AssertionError as e:
@@ -721,8 +725,8 @@ def collect(req, pid, start, out_r, err_r, res_r, checker=None):
         events.append("tampered")
     kind = req.get("kind", "program")
     n_tests = len(req["calls"]) if kind == "calls" else int(req.get("n_tests") or 0)
-    if kind != "program" and "done" not in events and reason is None and "compile_error" not in events \
-            and "tampered" not in events:
+    ended_honestly = {"compile_error", "tampered", "no_entry_point"} & set(events)
+    if kind != "program" and "done" not in events and reason is None and not ended_honestly:
         flags.append("exit_before_tests" if not calls else "exit_during_tests")
 
     if reason == "timeout" or sig == signal.SIGXCPU or (sig == signal.SIGKILL and cpu >= req["cpu_s"]):

@@ -23,6 +23,8 @@ from pathlib import Path
 from tempering.errors import SandboxError
 
 WORKER_SCRIPT = Path(__file__).with_name("_worker.py")
+WORKER_BOOT = ("import os; f = os.fdopen({fd}, 'rb'); source = f.read(); f.close(); "
+               "exec(compile(source, 'tempering-sandbox-worker', 'exec'), {{'__name__': '__main__'}})")
 BACKENDS = ("auto", "bwrap", "process")
 # Worker uids when the host is root: each worker its own uid, so a fork bomb in one cannot starve another.
 WORKER_UID_BASE, WORKER_UID_SPAN = 61000, 4000
@@ -46,16 +48,17 @@ class Isolation:
     bwrap: str | None = None
     why_not_bwrap: str | None = None
 
-    def worker_command(self, uid: int | None) -> tuple[list[str], dict]:
-        """argv and Popen keyword arguments for one worker."""
-        source = WORKER_SCRIPT.read_text()
+    def worker_command(self, uid: int | None, boot_fd: int = 3) -> tuple[list[str], dict]:
+        """argv and Popen keyword arguments for one worker; the worker's source is read from the inherited
+        pipe `boot_fd` (`WORKER_BOOT`), so it need not be readable by the worker's uid or in the container."""
+        boot = WORKER_BOOT.format(fd=boot_fd)
         run_as = {}
         if uid is not None:
             run_as = {"user": uid, "group": uid, "extra_groups": []}
         if self.backend == "bwrap":
-            argv = [self.bwrap, *bwrap_args(self.scratch_mb), "--", self.python, "-s", "-B", "-c", source, "/tmp"]
+            argv = [self.bwrap, *bwrap_args(self.scratch_mb), "--", self.python, "-s", "-B", "-c", boot, "/tmp"]
             return argv, run_as
-        return [self.python, "-s", "-B", "-c", source], run_as
+        return [self.python, "-s", "-B", "-c", boot], run_as
 
     def protections(self, uid: int | None) -> list[Protection]:
         bw = self.backend == "bwrap"

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tempering.errors import SandboxError
-from tempering.sandbox.isolation import Isolation, next_worker_uid, resolve
+from tempering.sandbox.isolation import WORKER_SCRIPT, Isolation, next_worker_uid, resolve
 from tempering.types import ExecResult, Task, TestCase, TestResult
 
 LANGUAGES = ("python", "bash", "javascript", "c", "cpp")
@@ -34,6 +34,7 @@ LANGUAGES = ("python", "bash", "javascript", "c", "cpp")
 # (covers compiling C/C++, which has its own 20 s limit inside the worker).
 WORKER_GRACE_S = 25.0
 WORKER_START_TIMEOUT_S = 20.0
+WORKER_SOURCE = WORKER_SCRIPT.read_bytes()
 
 
 @dataclass(frozen=True)
@@ -93,22 +94,30 @@ class _Worker:
 
     def __init__(self, isolation: Isolation):
         self.uid = next_worker_uid()
-        argv, run_as = isolation.worker_command(self.uid)
         self.errors = tempfile.TemporaryFile()
+        boot_r, boot_w = os.pipe()  # the worker's source (see isolation.WORKER_BOOT)
+        argv, run_as = isolation.worker_command(self.uid, boot_r)
         try:
             self.proc = subprocess.Popen(
                 argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.errors,
                 env={"PYTHONHASHSEED": "0"} if isolation.backend == "process" else {},
-                cwd="/", start_new_session=True, **run_as,
+                cwd="/", start_new_session=True, pass_fds=(boot_r,), **run_as,
             )
         except OSError as e:
             raise SandboxError(f"cannot start a sandbox worker ({argv[0]}): {e}") from None
+        finally:
+            os.close(boot_r)
+        try:
+            with os.fdopen(boot_w, "wb") as f:
+                f.write(WORKER_SOURCE)
+        except BrokenPipeError:
+            pass  # the worker died at once; _receive below reports it with its stderr
         try:
             self.info = self._receive(time.monotonic() + WORKER_START_TIMEOUT_S)
         except SandboxError as e:
-            self.close()
             self.errors.seek(0)
             detail = self.errors.read().decode(errors="replace").strip()[-500:]
+            self.close()
             raise SandboxError(f"sandbox worker failed to start: {e}" + (f": {detail}" if detail else "")) from None
 
     def request(self, payload: dict[str, Any], timeout_s: float, secret: dict | None = None) -> dict[str, Any]:

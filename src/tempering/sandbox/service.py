@@ -16,10 +16,18 @@ import time
 from dataclasses import asdict, fields
 from typing import Any
 
+from pydantic import BaseModel
+
 from tempering.errors import SandboxError
 from tempering.sandbox.local import ExecRequest, LocalSandbox, Sandbox, SandboxLimits
 
 LIMIT_FIELDS = {f.name for f in fields(SandboxLimits)}
+
+
+class Batch(BaseModel):
+    """The body of POST /execute."""
+
+    requests: list[dict[str, Any]]
 
 
 def request_to_json(req: ExecRequest) -> dict[str, Any]:
@@ -38,10 +46,6 @@ def request_from_json(data: dict[str, Any]) -> ExecRequest:
 def create_app(sandbox: LocalSandbox, *, max_pending: int = 1024):
     """A FastAPI app executing requests on `sandbox`."""
     from fastapi import FastAPI, HTTPException
-    from pydantic import BaseModel
-
-    class Batch(BaseModel):
-        requests: list[dict[str, Any]]
 
     app = FastAPI(title="tempering sandbox")
     pending = threading.BoundedSemaphore(max_pending)
@@ -59,6 +63,9 @@ def create_app(sandbox: LocalSandbox, *, max_pending: int = 1024):
             reqs = [request_from_json(r) for r in batch.requests]
         except (TypeError, ValueError) as e:
             raise HTTPException(status_code=422, detail=f"bad request: {e}") from None
+        if len(reqs) > max_pending:
+            raise HTTPException(status_code=413, detail=f"a batch of {len(reqs)} executions is more than this "
+                                f"service holds at once ({max_pending}); send smaller batches")
         taken = 0
         try:
             for _ in reqs:
@@ -143,6 +150,9 @@ class RemoteSandbox(Sandbox):
                 last = f"HTTP {resp.status_code}"
             if attempt < self.retries:
                 time.sleep(self.backoff_s * 2 ** attempt)
+        if last == "HTTP 429":
+            raise SandboxError(f"sandbox service at {self.url} is still busy (HTTP 429) after {self.retries + 1} "
+                               "attempts; send smaller batches or raise its --max-pending")
         raise SandboxError(f"sandbox service at {self.url} is not reachable after {self.retries + 1} attempts "
                            f"({last}); is `tempering sandbox serve` running there?")
 
