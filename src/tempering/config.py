@@ -95,15 +95,34 @@ class RolloutSection(Section):
     """Longest completion; longer ones are cut and marked truncated."""
 
 
+class CriticSection(Section):
+    lr: float = 1e-4
+    """Critic learning rate (estimators that need a critic: gae)."""
+    value_clip: float = 0.2
+    """Clip range of PPO's clipped value loss."""
+    epochs: int = 1
+    """Passes of the critic over each rollout batch."""
+    warmup_steps: int = 0
+    """RL steps during which only the critic learns (the policy waits for useful values)."""
+
+
 class AlgoSection(Section):
     estimator: str = "grpo"
-    """Advantage estimator (see `tempering.algos.ADVANTAGE_ESTIMATORS`)."""
+    """Advantage estimator: grpo, dr_grpo, rloo, reinforce_pp, reinforce_pp_baseline, gae, or
+    `package.module:function` (see docs/algorithms.md)."""
     scale_by_std: bool = True
     """GRPO: divide by the group's std (False = Dr. GRPO)."""
+    gamma: float = 1.0
+    """Discount (reinforce_pp, gae)."""
+    lam: float = 0.95
+    """GAE lambda."""
+    whiten_advantages: bool = False
+    """Whiten advantages over the batch after the estimator (common with gae)."""
     policy_loss: str = "ppo_clip"
-    """Policy loss (see `tempering.algos.POLICY_LOSSES`)."""
-    loss_agg: str = "token-mean"
-    """How token losses are reduced to a scalar."""
+    """Policy loss: ppo_clip, vanilla (see `tempering.algos.POLICY_LOSSES`)."""
+    loss_agg: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = \
+        "token-mean"
+    """How token losses are reduced to a scalar (seq-mean-token-sum-norm divides by rollout.max_new_tokens)."""
     lr: float = 1e-4
     """Policy learning rate."""
     warmup_steps: int = 10
@@ -112,16 +131,35 @@ class AlgoSection(Section):
     """AdamW weight decay."""
     clip_ratio: float = 0.2
     """PPO clip range epsilon."""
+    clip_ratio_low: float | None = None
+    """Lower clip range (default clip_ratio)."""
+    clip_ratio_high: float | None = None
+    """Upper clip range (default clip_ratio; larger = DAPO's clip-higher, e.g. 0.28)."""
+    clip_ratio_c: float | None = None
+    """Dual-clip constant (> 1, e.g. 3.0): caps the loss of negative-advantage tokens. None = off."""
     ppo_epochs: int = 1
     """Passes over each rollout batch."""
     minibatches: int = 2
     """Optimizer steps per epoch (the batch is split into this many minibatches)."""
     kl_coef: float = 0.0
-    """Weight of the KL-to-reference loss term (k3 estimator); 0 skips the reference model."""
+    """Weight of the KL to the frozen reference; 0 skips the reference model."""
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    """KL estimator (Schulman's k1/k2/k3)."""
+    kl_mode: Literal["loss", "reward"] = "loss"
+    """`loss`: a term of the policy loss (GRPO); `reward`: a per-token penalty in the reward (PPO, REINFORCE++)."""
+    kl_target: float | None = None
+    """Adaptive KL: steer kl_coef toward this KL per token (Ziegler et al.); None = fixed coefficient."""
+    kl_horizon: int = 10000
+    """Adaptive KL horizon."""
     entropy_coef: float = 0.0
     """Weight of the entropy bonus."""
     max_grad_norm: float = 1.0
     """Gradient clipping threshold."""
+    dynamic_sampling: bool = False
+    """DAPO: drop groups whose rewards are all equal and sample more tasks until the batch is full."""
+    max_sampling_rounds: int = 3
+    """DAPO: at most this many sampling rounds per step (the batch may stay short after them)."""
+    critic: CriticSection = CriticSection()
     skip_zero_advantage: bool = True
     """Leave samples whose advantage is zero on every token (groups whose rewards are all equal) out of
     the update, as DAPO's dynamic sampling does: their policy gradient is zero, so they only cost time and
@@ -130,7 +168,20 @@ class AlgoSection(Section):
 
 class RewardSection(Section):
     weights: dict[str, float] = {"tests": 1.0, "format": 0.1}
-    """Reward components and their weights (see `tempering.rewards.REWARD_COMPONENTS`)."""
+    """Reward components and their weights: tests, format, style, efficiency, edge_cases, overlong, examples,
+    `package.module:function`, or `trl:package.module:function` (see `tempering.rewards`)."""
+    params: dict[str, dict[str, Any]] = {}
+    """Keyword arguments per component, e.g. {tests: {edge_weight: 2.0}, overlong: {max_tokens: 48}}."""
+    guards: bool = True
+    """Penalise trajectories caught by a reward-hacking guard (detections are logged either way)."""
+    guard_kinds: list[str] | None = None
+    """Which guards run (default all: exit_before_tests, harness_tampering, always_equal,
+    hardcoded_examples, printed_output)."""
+    penalty: float = -1.0
+    """Reward of a trajectory caught by a guard, when guards are on."""
+    step_fn: str | None = None
+    """Process-reward hook `package.module:function(task, steps) -> list[float]`, one score per step (a line
+    of code, or a turn), credited at the step's last token."""
 
 
 class SandboxSection(Section):
@@ -158,6 +209,9 @@ class SandboxSection(Section):
 class TrainSection(Section):
     steps: int = 150
     """RL steps."""
+    max_time_s: float | None = None
+    """Wall-clock budget of the RL stage per invocation: after the step that exceeds it, save and stop
+    (for equal-time comparisons, bench/algos_compare.py). None = run all `steps`."""
 
 
 class CheckpointSection(Section):
@@ -324,18 +378,32 @@ def build_config(tree: dict[str, Any] | None = None, overrides: list[str] = ()) 
 
 
 def load_config(path: str | Path | None, overrides: list[str] = ()) -> RunConfig:
-    """Read a YAML config (None = all defaults) and apply `key.path=value` overrides."""
-    tree: dict[str, Any] = {}
-    if path is not None:
-        path = Path(path)
-        if path.is_dir():
-            path = path / "config.yaml"
-        if not path.is_file():
-            raise ConfigError(f"config file '{path}' does not exist")
-        try:
-            tree = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as e:
-            raise ConfigError(f"config file '{path}' is not valid YAML: {e}") from None
-        if not isinstance(tree, dict):
-            raise ConfigError(f"config file '{path}' must hold a mapping of sections, not {type(tree).__name__}")
-    return build_config(tree, overrides)
+    """Read a YAML config (None = all defaults) and apply `key.path=value` overrides. A file may start
+    from another with `base: other.yaml` (relative to itself); its own keys override the base's."""
+    return build_config(_read_tree(Path(path)) if path is not None else {}, overrides)
+
+
+def _read_tree(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    if path.is_dir():
+        path = path / "config.yaml"
+    if not path.is_file():
+        raise ConfigError(f"config file '{path}' does not exist")
+    if path.resolve() in seen:
+        raise ConfigError(f"config file '{path}' names itself as a base (through 'base:')")
+    try:
+        tree = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file '{path}' is not valid YAML: {e}") from None
+    if not isinstance(tree, dict):
+        raise ConfigError(f"config file '{path}' must hold a mapping of sections, not {type(tree).__name__}")
+    base = tree.pop("base", None)
+    if base is None:
+        return tree
+    return _merge(_read_tree(path.parent / str(base), (*seen, path.resolve())), tree)
+
+
+def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in top.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out

@@ -16,17 +16,28 @@ from pathlib import Path
 import torch
 
 from tempering import checkpoint as ckpt
-from tempering.algos import ADVANTAGE_ESTIMATORS, POLICY_LOSSES, lookup
+from tempering.algos import (
+    ADVANTAGE_ESTIMATORS,
+    KL_ESTIMATORS,
+    NEEDS_CRITIC,
+    POLICY_LOSSES,
+    KLController,
+    group_mean_std,
+    lookup,
+    masked_mean,
+    masked_whiten,
+)
 from tempering.config import RunConfig
 from tempering.data import TaskSampler
 from tempering.eval.evaluate import evaluate
 from tempering.models.loading import load_model, load_tokenizer
-from tempering.rewards import RewardFunction
-from tempering.rollout.batch import RolloutBatch
+from tempering.rewards import GUARDS, RewardFunction
+from tempering.rollout.batch import RolloutBatch, concat_batches
 from tempering.rollout.code import execute, sample
 from tempering.rollout.generate import Generation
 from tempering.sandbox import Sandbox
 from tempering.tracking import Tracker
+from tempering.training.critic import Critic, update_critic
 from tempering.training.forward import response_logprobs
 from tempering.training.optim import make_optimizer, make_scheduler
 from tempering.training.update import update_policy
@@ -53,7 +64,8 @@ class Timer:
         self.seconds[f"timing_s/{name}"] = self.seconds.get(f"timing_s/{name}", 0.0) + time.perf_counter() - start
 
 
-def collate(gen: Generation, trajectories: list[Trajectory], rewards: list[RewardResult]) -> RolloutBatch:
+def collate(gen: Generation, trajectories: list[Trajectory], rewards: list[RewardResult],
+            group_offset: int = 0, tokenizer=None) -> RolloutBatch:
     return RolloutBatch(
         prompt_ids=gen.prompt_ids,
         prompt_mask=gen.prompt_mask,
@@ -61,8 +73,33 @@ def collate(gen: Generation, trajectories: list[Trajectory], rewards: list[Rewar
         response_mask=gen.response_mask,
         old_logprobs=gen.logprobs,
         rewards=torch.tensor([r.score for r in rewards], dtype=torch.float32),
-        group_ids=torch.tensor([t.group_id for t in trajectories]),
+        group_ids=torch.tensor([t.group_id + group_offset for t in trajectories]),
+        token_rewards=step_token_rewards(gen, rewards, tokenizer),
     )
+
+
+def step_token_rewards(gen: Generation, rewards: list[RewardResult], tokenizer):
+    """Per-step process rewards (`reward.step_fn`) placed at the last token of each step (line). None if unused."""
+    if not rewards or "step_rewards" not in rewards[0].info:
+        return None
+    out = torch.zeros_like(gen.response_mask)
+    for i, reward in enumerate(rewards):
+        n = int(gen.response_mask[i].sum())
+        if n == 0:
+            continue
+        pieces = [tokenizer.decode([t]) for t in gen.response_ids[i, :n].tolist()]
+        for end, value in zip(line_end_tokens(pieces), reward.info["step_rewards"]):
+            out[i, end] += value
+    return out
+
+
+def line_end_tokens(pieces: list[str]) -> list[int]:
+    """For the tokens spelling a text: the index of the token that ends each of its lines (the last token
+    ends the last line, newline or not) - the steps of `rewards.step_texts`."""
+    ends = [i for i, piece in enumerate(pieces) for _ in range(piece.count("\n"))]
+    if pieces and (not ends or ends[-1] != len(pieces) - 1):
+        ends.append(len(pieces) - 1)
+    return ends
 
 
 def rollout_metrics(trajectories: list[Trajectory], rewards: list[RewardResult], batch: RolloutBatch,
@@ -79,6 +116,8 @@ def rollout_metrics(trajectories: list[Trajectory], rewards: list[RewardResult],
     }
     for name in rewards[0].components:
         m[f"reward/{name}/mean"] = sum(r.components[name] for r in rewards) / len(rewards)
+    for kind in GUARDS:
+        m[f"reward/hacking/{kind}"] = sum(kind in r.info.get("hacking", ()) for r in rewards) / len(rewards)
     statuses = Counter(t.exec_result.status for t in trajectories)
     for status in EXEC_STATUSES:
         if statuses[status]:
@@ -105,10 +144,14 @@ class RLTrainer:
     def __init__(self, cfg: RunConfig, run_dir: Path, train_tasks: list[Task], heldout_tasks: list[Task],
                  start_model_dir: Path, log=print):
         self.cfg, self.run_dir, self.log = cfg, run_dir, log
+        algo = cfg.algo
         self.heldout_tasks = heldout_tasks
-        self.estimator = lookup(ADVANTAGE_ESTIMATORS, cfg.algo.estimator, "advantage estimator")
-        self.policy_loss = lookup(POLICY_LOSSES, cfg.algo.policy_loss, "policy loss")
-        self.reward_fn = RewardFunction(cfg.reward.weights)
+        self.estimator = lookup(ADVANTAGE_ESTIMATORS, algo.estimator, "advantage estimator")
+        self.policy_loss = lookup(POLICY_LOSSES, algo.policy_loss, "policy loss")
+        r = cfg.reward
+        self.reward_fn = RewardFunction(r.weights, params=r.params, guards=r.guards, guard_kinds=r.guard_kinds,
+                                        penalty=r.penalty, step_fn=r.step_fn)
+        self.reference_cpu: dict[str, float] = {}
         self.checkpoints = run_dir / "checkpoints"
         latest, skipped = ckpt.find_latest(self.checkpoints)
         for note in skipped:
@@ -117,59 +160,132 @@ class RLTrainer:
         self.policy = load_model(model_dir, dtype=cfg.model.dtype, device=cfg.run.device)
         self.tokenizer = load_tokenizer(model_dir)
         self.ref = None
-        if cfg.algo.kl_coef > 0:
+        if algo.kl_coef > 0:
             self.ref = load_model(start_model_dir, dtype=cfg.model.dtype, device=cfg.run.device).eval()
             self.ref.requires_grad_(False)
-        self.optimizer = make_optimizer(self.policy, lr=cfg.algo.lr, weight_decay=cfg.algo.weight_decay)
-        self.scheduler = make_scheduler(self.optimizer, warmup_steps=cfg.algo.warmup_steps,
-                                        total_steps=cfg.train.steps)
+        self.kl = KLController(algo.kl_coef, target=algo.kl_target, horizon=algo.kl_horizon)
+        self.optimizer = make_optimizer(self.policy, lr=algo.lr, weight_decay=algo.weight_decay)
+        self.scheduler = make_scheduler(self.optimizer, warmup_steps=algo.warmup_steps, total_steps=cfg.train.steps)
+        self.critic = self.critic_optimizer = None
+        if algo.estimator in NEEDS_CRITIC:
+            critic_dir = latest.path / "critic" if latest else start_model_dir
+            self.critic = Critic.from_pretrained(critic_dir, dtype=cfg.model.dtype, device=cfg.run.device)
+            self.critic_optimizer = make_optimizer(self.critic, lr=algo.critic.lr)
         self.sampler = TaskSampler(train_tasks, seed=cfg.run.seed)
         self.start_step = 0
         if latest is not None:
             state = latest.load_into(self.optimizer, self.scheduler)
             self.sampler.load_state_dict(state["sampler"])
+            if "kl" in state:
+                self.kl.load_state_dict(state["kl"])
+            if self.critic_optimizer is not None:
+                self.critic_optimizer.load_state_dict(torch.load(latest.path / "critic" / "optimizer.pt",
+                                                                 weights_only=False))
             self.start_step = latest.step
             log(f"resuming from {latest.path.name}")
 
     # ------------------------------------------------------------------------------------ one step
 
-    def step(self, step: int, sandbox: Sandbox) -> tuple[dict[str, float], list[dict]]:
+    def collect(self, step: int, sandbox: Sandbox, timer: Timer):
+        """Sample, execute and reward `prompts_per_step` tasks x `group_size`. With DAPO's dynamic sampling,
+        groups whose rewards are all equal are dropped and more tasks are sampled (at most
+        `max_sampling_rounds` rounds), then the batch is cut to `prompts_per_step` groups."""
         cfg, ro = self.cfg, self.cfg.rollout
-        timer = Timer()
-        with timer("step"):
+        parts, kept_groups, dropped = [], 0, 0
+        for round_ in range(cfg.algo.max_sampling_rounds if cfg.algo.dynamic_sampling else 1):
             with timer("gen"):
                 tasks = self.sampler.next_batch(ro.prompts_per_step)
                 trajectories, gen = sample(
                     self.policy, self.tokenizer, tasks, group_size=ro.group_size, max_new_tokens=ro.max_new_tokens,
-                    temperature=ro.temperature, top_p=ro.top_p, generator=step_generator(cfg.run.seed, step, 0),
+                    temperature=ro.temperature, top_p=ro.top_p,
+                    generator=step_generator(cfg.run.seed, step, 0 if round_ == 0 else 10 + round_),
                 )
             with timer("reward"):
-                execute(trajectories, sandbox)
-                rewards = [self.reward_fn(t.task, t) for t in trajectories]
-            batch = collate(gen, trajectories, rewards)
+                execute(trajectories, sandbox, self.reward_fn.needs, self.reference_cpu)
+                rewards = self.reward_fn.batch(trajectories)
+            batch = collate(gen, trajectories, rewards, group_offset=round_ * ro.prompts_per_step,
+                            tokenizer=self.tokenizer)
+            rows = list(range(len(trajectories)))
+            if cfg.algo.dynamic_sampling:
+                _, std, _ = group_mean_std(batch.rewards, batch.group_ids)
+                informative = [i for i in rows if std[i] > 0]
+                groups = sorted({int(batch.group_ids[i]) for i in informative})[: ro.prompts_per_step - kept_groups]
+                rows = [i for i in informative if int(batch.group_ids[i]) in set(groups)]
+                dropped += ro.prompts_per_step - len({int(batch.group_ids[i]) for i in informative})
+                kept_groups += len(groups)
+            parts.append((batch.select(torch.tensor(rows, dtype=torch.long)), [trajectories[i] for i in rows],
+                          [rewards[i] for i in rows], gen.truncated[rows]))
+            if kept_groups >= ro.prompts_per_step:
+                break
+        if not cfg.algo.dynamic_sampling:
+            return (*parts[0], {})
+        parts = [p for p in parts if len(p[1])] or parts[:1]
+        batch = concat_batches([p[0] for p in parts])
+        extra = {"dapo/kept_groups": kept_groups, "dapo/dropped_groups": dropped, "dapo/rounds": round_ + 1}
+        return (batch, [t for p in parts for t in p[1]], [r for p in parts for r in p[2]],
+                torch.cat([p[3] for p in parts]), extra)
+
+    def step(self, step: int, sandbox: Sandbox) -> tuple[dict[str, float], list[dict]]:
+        cfg, ro, algo = self.cfg, self.cfg.rollout, self.cfg.algo
+        timer = Timer()
+        with timer("step"):
+            batch, trajectories, rewards, truncated, extra = self.collect(step, sandbox, timer)
+            if len(batch) == 0:  # dynamic sampling found no group with a learning signal
+                metrics = {"actor/trained_fraction": 0.0, **extra}
+                metrics.update(timer.seconds)
+                return metrics, []
             if self.ref is not None:
                 with timer("ref"), torch.no_grad():
                     batch.ref_logprobs, _ = response_logprobs(
                         self.ref, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask,
                         temperature=ro.temperature)
+            token_rewards = batch.token_rewards
+            kl_metrics = {}
+            if self.ref is not None and algo.kl_mode == "reward":
+                kl = KL_ESTIMATORS[algo.kl_estimator](batch.old_logprobs, batch.ref_logprobs) * batch.response_mask
+                penalty = -self.kl.coef * kl
+                token_rewards = penalty if token_rewards is None else token_rewards + penalty
+                kl_metrics["actor/reward_kl"] = float(masked_mean(kl, batch.response_mask))
+            if self.critic is not None:
+                with timer("values"), torch.no_grad():
+                    batch.values = self.critic.values(batch.prompt_ids, batch.prompt_mask, batch.response_ids,
+                                                      batch.response_mask)
             with timer("adv"):
                 batch.advantages, batch.returns = self.estimator(
                     batch.rewards, batch.response_mask, batch.group_ids, values=batch.values,
-                    scale_by_std=cfg.algo.scale_by_std,
+                    token_rewards=token_rewards, scale_by_std=algo.scale_by_std, gamma=algo.gamma, lam=algo.lam,
                 )
+                if algo.whiten_advantages:
+                    batch.advantages = masked_whiten(batch.advantages, batch.response_mask) * batch.response_mask
+            metrics: dict[str, float] = {}
+            if self.critic is not None:
+                with timer("critic"):
+                    metrics.update(update_critic(
+                        self.critic, self.critic_optimizer, batch, generator=step_generator(cfg.run.seed, step, 3),
+                        epochs=algo.critic.epochs, minibatches=algo.minibatches, clip_range=algo.critic.value_clip,
+                        max_grad_norm=algo.max_grad_norm))
             with timer("update"):
-                train_batch = batch.informative() if cfg.algo.skip_zero_advantage else batch
-                metrics = update_policy(
-                    self.policy, self.optimizer, train_batch, policy_loss=self.policy_loss,
-                    generator=step_generator(cfg.run.seed, step, 1), ppo_epochs=cfg.algo.ppo_epochs,
-                    minibatches=cfg.algo.minibatches, clip_ratio=cfg.algo.clip_ratio, loss_agg=cfg.algo.loss_agg,
-                    kl_coef=cfg.algo.kl_coef, entropy_coef=cfg.algo.entropy_coef,
-                    max_grad_norm=cfg.algo.max_grad_norm, temperature=ro.temperature,
-                )
+                train_batch = batch.informative() if algo.skip_zero_advantage else batch
+                if self.critic is None or step > algo.critic.warmup_steps:
+                    metrics.update(update_policy(
+                        self.policy, self.optimizer, train_batch, policy_loss=self.policy_loss,
+                        generator=step_generator(cfg.run.seed, step, 1), ppo_epochs=algo.ppo_epochs,
+                        minibatches=algo.minibatches, clip_ratio=algo.clip_ratio, clip_ratio_low=algo.clip_ratio_low,
+                        clip_ratio_high=algo.clip_ratio_high, clip_ratio_c=algo.clip_ratio_c, loss_agg=algo.loss_agg,
+                        norm_length=ro.max_new_tokens, kl_coef=self.kl.coef if algo.kl_mode == "loss" else 0.0,
+                        kl_estimator=algo.kl_estimator, entropy_coef=algo.entropy_coef,
+                        max_grad_norm=algo.max_grad_norm, temperature=ro.temperature,
+                    ))
                 metrics["actor/lr"] = self.scheduler.get_last_lr()[0]
                 self.scheduler.step()
-            metrics.update(rollout_metrics(trajectories, rewards, batch, gen.truncated))
+            if self.ref is not None:
+                observed = kl_metrics.get("actor/reward_kl", metrics.get("actor/kl_loss", 0.0))
+                metrics["actor/kl_coef"] = self.kl.coef
+                self.kl.update(observed)
+            metrics.update(kl_metrics)
+            metrics.update(rollout_metrics(trajectories, rewards, batch, truncated))
             metrics["actor/trained_fraction"] = len(train_batch) / len(batch)
+            metrics.update(extra)
             if cfg.eval.every and step % cfg.eval.every == 0 and step < cfg.train.steps:
                 with timer("val"):
                     metrics.update(self.validate(step, sandbox))
@@ -193,9 +309,12 @@ class RLTrainer:
 
     # ---------------------------------------------------------------------------------- the loop
 
-    def run(self, sandbox: Sandbox, tracker: Tracker) -> None:
+    def run(self, sandbox: Sandbox, tracker: Tracker) -> int:
+        """Run the remaining steps (or until `train.max_time_s` has passed); returns the last step run."""
         cfg = self.cfg
         pending_checkpoint_s = 0.0
+        began = time.monotonic()
+        step = self.start_step
         for step in range(self.start_step + 1, cfg.train.steps + 1):
             metrics, rows = self.step(step, sandbox)
             # A save happens after its step's row is written (so a crash can never lose a row that a
@@ -206,14 +325,24 @@ class RLTrainer:
             tracker.log(step, metrics)
             if cfg.tracking.samples_every and step % cfg.tracking.samples_every == 0:
                 tracker.write_samples(step, rows)
-            if step % cfg.checkpoint.every == 0 or step == cfg.train.steps:
+            out_of_time = cfg.train.max_time_s is not None and time.monotonic() - began >= cfg.train.max_time_s
+            if step % cfg.checkpoint.every == 0 or step == cfg.train.steps or out_of_time:
                 start = time.perf_counter()
                 self.save(step)
                 pending_checkpoint_s = time.perf_counter() - start
+            if out_of_time:
+                self.log(f"train.max_time_s ({cfg.train.max_time_s:.0f} s) reached after step {step}")
+                break
+        return step
 
     def save(self, step: int) -> ckpt.Checkpoint:
+        def save_critic(directory: Path) -> None:
+            self.critic.save_pretrained(directory / "critic")
+            torch.save(self.critic_optimizer.state_dict(), directory / "critic" / "optimizer.pt")
+
         return ckpt.save_checkpoint(
             self.checkpoints, step, model=self.policy, tokenizer=self.tokenizer, optimizer=self.optimizer,
-            scheduler=self.scheduler, trainer_state={"sampler": self.sampler.state_dict()},
+            scheduler=self.scheduler, trainer_state={"sampler": self.sampler.state_dict(), "kl": self.kl.state_dict()},
             config_yaml=self.cfg.to_yaml(), keep=self.cfg.checkpoint.keep,
+            extra=save_critic if self.critic is not None else None,
         )

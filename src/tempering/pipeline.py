@@ -202,15 +202,16 @@ def _strip(report: EvalReport) -> dict[str, Any]:
 def rl_stage(ws: Workspace, start: Path, sandbox: Sandbox) -> Path:
     cfg = ws.cfg
     trainer = RLTrainer(cfg, ws.run_dir, ws.rl_tasks, ws.heldout_tasks, start, log=ws.log)
+    last = trainer.start_step
     if trainer.start_step < cfg.train.steps:
         tracker = Tracker(ws.run_dir, start_step=trainer.start_step, total_steps=cfg.train.steps,
                           tensorboard=cfg.tracking.tensorboard, progress=cfg.tracking.progress, console=ws.console)
         try:
-            trainer.run(sandbox, tracker)
+            last = trainer.run(sandbox, tracker)
         finally:
             tracker.close()
-    final = trainer.checkpoints / f"step_{cfg.train.steps:06d}"
-    return final / "model" if final.is_dir() else trainer.save(cfg.train.steps).model_dir
+    final = trainer.checkpoints / f"step_{last:06d}"
+    return final / "model" if final.is_dir() else trainer.save(last).model_dir
 
 
 # ------------------------------------------------------------------------------------------- train

@@ -162,6 +162,16 @@ class Trajectory:
     truncated: bool
     """True when generation hit `max_new_tokens` before the end-of-sequence token."""
     exec_result: ExecResult | None = None
+    response_tokens: int = 0
+    """Length of the completion in tokens (for length-based rewards such as DAPO's overlong shaping)."""
+    example_result: ExecResult | None = None
+    """The program run on the prompt's visible examples (when a guard or reward needs it)."""
+    lint_findings: int | None = None
+    """Linter findings in the completion (when the style reward needs them)."""
+    reference_cpu_s: float | None = None
+    """CPU time of the task's reference solution on the same tests (when the efficiency reward needs it)."""
+    step_ends: list[int] = field(default_factory=list)
+    """Token index (in the response) where each step ends: a line of code, or a turn of an episode."""
 
     @property
     def program(self) -> str:

@@ -1,8 +1,19 @@
 import math
 
+import pytest
 import torch
 
-from tempering.algos import kl_k1, kl_k2, kl_k3, masked_mean, masked_whiten, ppo_clip_loss, token_mean
+from tempering.algos import (
+    LOSS_AGGREGATIONS,
+    clipped_value_loss,
+    kl_k1,
+    kl_k2,
+    kl_k3,
+    masked_mean,
+    masked_whiten,
+    ppo_clip_loss,
+    token_mean,
+)
 
 
 def ppo_loop(logp, old, adv, mask, eps):
@@ -83,3 +94,59 @@ def test_k3_is_an_unbiased_kl_estimate():
     est = kl_k3(p.log()[tokens][None], q.log()[tokens][None]).mean()
     exact = (p * (p.log() - q.log())).sum()
     assert abs(float(est) - float(exact)) < 0.01
+
+
+# ----------------------------------------------------------------- clip-higher, dual-clip, aggregations
+
+
+def ppo_loop_general(logp, old, adv, mask, low, high, c=None):
+    rows = []
+    for lr, orow, arow in zip(logp, old, adv):
+        out = []
+        for lp, op, a in zip(lr, orow, arow):
+            ratio = math.exp(lp - op)
+            loss = max(-a * ratio, -a * min(max(ratio, 1 - low), 1 + high))
+            if c is not None and a < 0:
+                loss = min(loss, -a * c)
+            out.append(loss)
+        rows.append(out)
+    return rows
+
+
+@pytest.mark.parametrize("low,high,c", [(0.2, 0.28, None), (0.1, 0.3, 3.0), (0.2, 0.2, 1.5)])
+def test_ppo_clip_higher_and_dual_clip_match_loop(low, high, c):
+    gen = torch.Generator().manual_seed(3)
+    logp, old = torch.randn(4, 5, generator=gen), torch.randn(4, 5, generator=gen)
+    adv = torch.randn(4, 5, generator=gen) * 2
+    mask = torch.ones(4, 5)
+    loss, metrics = ppo_clip_loss(logp, old, adv, mask, clip_ratio_low=low, clip_ratio_high=high, clip_ratio_c=c)
+    want = torch.tensor(ppo_loop_general(logp.tolist(), old.tolist(), adv.tolist(), mask.tolist(), low, high, c))
+    torch.testing.assert_close(loss, want.mean(), atol=1e-5, rtol=1e-5)
+    assert ("pg_clipfrac_lower" in metrics) == (c is not None)
+
+
+def test_dual_clip_hand_computed():
+    # ratio e^2 = 7.39 on a token with A = -1: PPO's loss would be 7.39; dual-clip with c = 3 caps it at 3.
+    loss, _ = ppo_clip_loss(torch.tensor([[2.0]]), torch.tensor([[0.0]]), torch.tensor([[-1.0]]), torch.ones(1, 1),
+                            clip_ratio_c=3.0)
+    assert float(loss) == pytest.approx(3.0)
+    loss, _ = ppo_clip_loss(torch.tensor([[2.0]]), torch.tensor([[0.0]]), torch.tensor([[-1.0]]), torch.ones(1, 1))
+    assert float(loss) == pytest.approx(math.exp(2.0))
+
+
+def test_loss_aggregations_hand_computed():
+    losses = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
+    agg = LOSS_AGGREGATIONS
+    assert float(agg["token-mean"](losses, mask)) == pytest.approx(10 / 4)
+    assert float(agg["seq-mean-token-sum"](losses, mask)) == pytest.approx((6 + 4) / 2)
+    assert float(agg["seq-mean-token-mean"](losses, mask)) == pytest.approx((2 + 4) / 2)
+    assert float(agg["seq-mean-token-sum-norm"](losses, mask)) == pytest.approx((6 + 4) / 2 / 3)
+    assert float(agg["seq-mean-token-sum-norm"](losses, mask, norm_length=10)) == pytest.approx(0.5)
+
+
+def test_clipped_value_loss_hand_computed():
+    # V_old = 0, V = 1, R = 1, clip 0.2: unclipped error 0, clipped V = 0.2 -> error 0.64; max -> 0.5 * 0.64.
+    loss, m = clipped_value_loss(torch.tensor([[1.0]]), torch.tensor([[0.0]]), torch.tensor([[1.0]]), torch.ones(1, 1))
+    assert float(loss) == pytest.approx(0.32)
+    assert float(m["vf_clipfrac"]) == 1.0

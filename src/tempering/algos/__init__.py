@@ -6,9 +6,28 @@ Torch only: no models, configs, I/O or Ray. Shapes use B = sequences, T = respon
 from collections.abc import Callable, Mapping
 from typing import TypeVar
 
-from tempering.algos.advantages import ADVANTAGE_ESTIMATORS, group_mean_std, grpo, grpo_advantages
-from tempering.algos.kl import KL_ESTIMATORS, kl_k1, kl_k2, kl_k3
-from tempering.algos.losses import LOSS_AGGREGATIONS, POLICY_LOSSES, ppo_clip_loss, token_mean
+from tempering.algos.advantages import (
+    ADVANTAGE_ESTIMATORS,
+    NEEDS_CRITIC,
+    discounted_returns,
+    dr_grpo,
+    gae,
+    group_mean_std,
+    grpo,
+    grpo_advantages,
+    reinforce_pp,
+    reinforce_pp_baseline,
+    rloo,
+)
+from tempering.algos.kl import KL_ESTIMATORS, KLController, kl_k1, kl_k2, kl_k3
+from tempering.algos.losses import (
+    LOSS_AGGREGATIONS,
+    POLICY_LOSSES,
+    clipped_value_loss,
+    ppo_clip_loss,
+    token_mean,
+    vanilla_pg_loss,
+)
 from tempering.algos.masked import masked_mean, masked_sum, masked_var, masked_whiten
 
 F = TypeVar("F", bound=Callable)
@@ -26,7 +45,8 @@ def lookup(registry: Mapping[str, F], name: str, what: str) -> F:
 
 
 __all__ = [
-    "ADVANTAGE_ESTIMATORS", "KL_ESTIMATORS", "LOSS_AGGREGATIONS", "POLICY_LOSSES", "grpo", "grpo_advantages",
-    "group_mean_std", "kl_k1", "kl_k2", "kl_k3", "lookup", "masked_mean", "masked_sum", "masked_var",
-    "masked_whiten", "ppo_clip_loss", "token_mean",
+    "ADVANTAGE_ESTIMATORS", "KL_ESTIMATORS", "LOSS_AGGREGATIONS", "NEEDS_CRITIC", "POLICY_LOSSES", "KLController",
+    "clipped_value_loss", "discounted_returns", "dr_grpo", "gae", "group_mean_std", "grpo", "grpo_advantages",
+    "kl_k1", "kl_k2", "kl_k3", "lookup", "masked_mean", "masked_sum", "masked_var", "masked_whiten",
+    "ppo_clip_loss", "reinforce_pp", "reinforce_pp_baseline", "rloo", "token_mean", "vanilla_pg_loss",
 ]

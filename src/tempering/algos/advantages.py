@@ -1,12 +1,16 @@
-"""Advantage estimators: pure functions from rewards to per-sequence or per-token advantages.
+"""Advantage estimators: pure functions from rewards to per-token advantages and returns.
 
 Every estimator has the same signature, so they sit in one registry and the loop calls whichever the
 config names:
 
-    fn(rewards (B,), response_mask (B, T), group_ids (B,), values=None, **hyper) -> (advantages (B, T), returns (B, T))
+    fn(rewards (B,), response_mask (B, T), group_ids (B,), values=None, token_rewards=None, **hyper)
+        -> (advantages (B, T), returns (B, T))
 
-`rewards` are sequence-level scores (outcome reward, assigned at the last response token); hyper-parameters
-the estimator does not use are accepted and ignored, so one call site serves all of them.
+`rewards` are sequence-level scores (the outcome reward, credited at the last response token).
+`token_rewards` (B, T), optional, are per-token terms added on top: a KL penalty used as a reward, or
+per-step process rewards credited at the last token of each step. Sequence-level estimators (GRPO, RLOO)
+fold them into the sequence reward; token-level ones (REINFORCE++, GAE) credit them where they occur.
+Hyper-parameters an estimator does not use are accepted and ignored, so one call site serves all.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ from collections.abc import Callable
 
 import torch
 from torch import Tensor
+
+from tempering.algos.masked import masked_whiten
 
 
 def group_mean_std(rewards: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -25,6 +31,38 @@ def group_mean_std(rewards: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor, 
     centred = rewards - mean[g]                                     # (B,)
     var = torch.bincount(g, weights=centred**2) / (n - 1).clamp_min(1)
     return mean[g], var[g].sqrt(), n[g]
+
+
+def sequence_rewards(rewards: Tensor, response_mask: Tensor, token_rewards: Tensor | None) -> Tensor:
+    """Outcome reward plus the sum of any per-token rewards of the sequence. -> (B,)"""
+    if token_rewards is None:
+        return rewards
+    return rewards + (token_rewards * response_mask).sum(-1)
+
+
+def last_token_rewards(rewards: Tensor, response_mask: Tensor, token_rewards: Tensor | None) -> Tensor:
+    """Per-token rewards (B, T): `rewards` at each sequence's last response token, plus `token_rewards`."""
+    lengths = response_mask.sum(-1).long()                          # (B,)
+    out = torch.zeros_like(response_mask, dtype=rewards.dtype)
+    has = lengths > 0
+    rows = torch.arange(len(rewards))[has]
+    out[rows, lengths[has] - 1] = rewards[has]
+    if token_rewards is not None:
+        out = out + token_rewards * response_mask
+    return out
+
+
+def discounted_returns(token_rewards: Tensor, response_mask: Tensor, gamma: float = 1.0) -> Tensor:
+    """Reward-to-go G_t = sum_{k>=t} gamma^(k-t) r_k over masked-in tokens. (B, T) -> (B, T)"""
+    returns = torch.zeros_like(token_rewards)
+    running = torch.zeros(token_rewards.shape[0], dtype=token_rewards.dtype)
+    for t in reversed(range(token_rewards.shape[1])):
+        running = token_rewards[:, t] + gamma * running * response_mask[:, t]
+        returns[:, t] = running
+    return returns * response_mask
+
+
+# --------------------------------------------------------------------------------- group baselines
 
 
 def grpo_advantages(rewards: Tensor, group_ids: Tensor, *, scale_by_std: bool = True, eps: float = 1e-6) -> Tensor:
@@ -40,23 +78,93 @@ def grpo_advantages(rewards: Tensor, group_ids: Tensor, *, scale_by_std: bool = 
     return adv
 
 
-def grpo(
-    rewards: Tensor,
-    response_mask: Tensor,
-    group_ids: Tensor,
-    values: Tensor | None = None,
-    *,
-    scale_by_std: bool = True,
-    eps: float = 1e-6,
-    **_: object,
-) -> tuple[Tensor, Tensor]:
-    """GRPO as a registry entry: the sequence advantage on every response token; returns = advantages."""
-    adv = grpo_advantages(rewards, group_ids, scale_by_std=scale_by_std, eps=eps)[:, None] * response_mask
+def grpo(rewards: Tensor, response_mask: Tensor, group_ids: Tensor, values: Tensor | None = None,
+         token_rewards: Tensor | None = None, *, scale_by_std: bool = True, eps: float = 1e-6,
+         **_: object) -> tuple[Tensor, Tensor]:
+    """GRPO: A_i = (r_i - mean_group) / (std_group + eps) on every response token; returns = advantages."""
+    r = sequence_rewards(rewards, response_mask, token_rewards)
+    adv = grpo_advantages(r, group_ids, scale_by_std=scale_by_std, eps=eps)[:, None] * response_mask
     return adv, adv                                                 # (B, T), (B, T)
+
+
+def dr_grpo(rewards: Tensor, response_mask: Tensor, group_ids: Tensor, values: Tensor | None = None,
+            token_rewards: Tensor | None = None, **hyper: object) -> tuple[Tensor, Tensor]:
+    """Dr. GRPO (arXiv 2503.20783): GRPO without the division by the group's std. Use it with
+    `loss_agg: seq-mean-token-sum-norm` to also drop the length normalisation, as the paper does."""
+    hyper.pop("scale_by_std", None)
+    return grpo(rewards, response_mask, group_ids, values, token_rewards, scale_by_std=False, **hyper)
+
+
+def rloo(rewards: Tensor, response_mask: Tensor, group_ids: Tensor, values: Tensor | None = None,
+         token_rewards: Tensor | None = None, **_: object) -> tuple[Tensor, Tensor]:
+    """REINFORCE leave-one-out (Kool et al. 2019; Ahmadian et al. 2024, arXiv 2402.14740):
+    A_i = r_i - mean_{j != i} r_j = G / (G - 1) * (r_i - mean_group). A group of one gets 0."""
+    r = sequence_rewards(rewards, response_mask, token_rewards)
+    mean, _, n = group_mean_std(r, group_ids)
+    adv = torch.where(n > 1, (r - mean) * n / (n - 1).clamp_min(1), torch.zeros_like(r))
+    adv = adv[:, None] * response_mask
+    return adv, adv
+
+
+def reinforce_pp(rewards: Tensor, response_mask: Tensor, group_ids: Tensor, values: Tensor | None = None,
+                 token_rewards: Tensor | None = None, *, gamma: float = 1.0, baseline: str = "none",
+                 **_: object) -> tuple[Tensor, Tensor]:
+    """REINFORCE++ (Hu 2025, arXiv 2501.03262): token-level reward-to-go (outcome at the last token plus
+    per-token rewards such as a KL penalty), whitened over the whole batch - no critic, no group baseline.
+    `baseline="group"` is REINFORCE++-baseline: the group's mean outcome is subtracted first."""
+    if baseline == "group":
+        mean, _, _ = group_mean_std(rewards, group_ids)
+        rewards = rewards - mean
+    elif baseline != "none":
+        raise ValueError(f"reinforce_pp baseline must be 'none' or 'group', not '{baseline}'")
+    returns = discounted_returns(last_token_rewards(rewards, response_mask, token_rewards), response_mask, gamma)
+    adv = masked_whiten(returns, response_mask) * response_mask
+    return adv, returns
+
+
+def reinforce_pp_baseline(rewards: Tensor, response_mask: Tensor, group_ids: Tensor, values: Tensor | None = None,
+                          token_rewards: Tensor | None = None, **hyper: object) -> tuple[Tensor, Tensor]:
+    hyper.pop("baseline", None)
+    return reinforce_pp(rewards, response_mask, group_ids, values, token_rewards, baseline="group", **hyper)
+
+
+# ---------------------------------------------------------------------------------------- critic
+
+
+def gae(rewards: Tensor, response_mask: Tensor, group_ids: Tensor, values: Tensor | None = None,
+        token_rewards: Tensor | None = None, *, gamma: float = 1.0, lam: float = 0.95,
+        **_: object) -> tuple[Tensor, Tensor]:
+    """Generalised advantage estimation (Schulman et al. 2016, arXiv 1506.02438) with a critic.
+
+    values (B, T): V(s_t), the critic's estimate before response token t. With per-token rewards r_t,
+    delta_t = r_t + gamma * V_{t+1} - V_t (V after the last token = 0),  A_t = delta_t + gamma * lam * A_{t+1},
+    returns_t = A_t + V_t (the critic's regression target). lam = gamma = 1 gives A_t = G_t - V_t.
+    """
+    if values is None:
+        raise ValueError("gae needs critic values: set algo.critic (see docs/algorithms.md)")
+    r = last_token_rewards(rewards, response_mask, token_rewards)
+    values = values * response_mask
+    adv = torch.zeros_like(r)
+    running = torch.zeros(r.shape[0], dtype=r.dtype)
+    next_value = torch.zeros(r.shape[0], dtype=r.dtype)
+    for t in reversed(range(r.shape[1])):
+        m = response_mask[:, t]
+        delta = r[:, t] + gamma * next_value - values[:, t]
+        running = (delta + gamma * lam * running) * m
+        adv[:, t] = running
+        next_value = torch.where(m > 0, values[:, t], next_value)
+    returns = (adv + values) * response_mask
+    return adv * response_mask, returns
 
 
 AdvantageEstimator = Callable[..., tuple[Tensor, Tensor]]
 
 ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {
     "grpo": grpo,
+    "dr_grpo": dr_grpo,
+    "rloo": rloo,
+    "reinforce_pp": reinforce_pp,
+    "reinforce_pp_baseline": reinforce_pp_baseline,
+    "gae": gae,
 }
+NEEDS_CRITIC = {"gae"}

@@ -31,3 +31,27 @@ def kl_k3(logprobs: Tensor, ref_logprobs: Tensor, clamp: float = 20.0) -> Tensor
 
 
 KL_ESTIMATORS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
+
+
+class KLController:
+    """The KL coefficient: fixed, or adaptive (Ziegler et al. 2019, arXiv 1909.08593) - after each step
+    with observed KL `kl`, coef *= 1 + clip(kl / target - 1, -0.2, 0.2) * n / horizon."""
+
+    def __init__(self, coef: float, *, target: float | None = None, horizon: int = 10000):
+        self.coef, self.target, self.horizon = float(coef), target, horizon
+
+    @property
+    def adaptive(self) -> bool:
+        return self.target is not None
+
+    def update(self, kl: float, n_steps: int = 1) -> None:
+        if self.target is None:
+            return
+        error = min(max(kl / self.target - 1.0, -0.2), 0.2)
+        self.coef *= 1.0 + error * n_steps / self.horizon
+
+    def state_dict(self) -> dict[str, float]:
+        return {"coef": self.coef}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        self.coef = float(state["coef"])

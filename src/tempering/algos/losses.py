@@ -1,4 +1,4 @@
-"""Policy losses and the reductions that turn per-token losses into one scalar.
+"""Policy and value losses, and the reductions that turn per-token losses into one scalar.
 
 One signature for every policy loss:
 
@@ -15,15 +15,45 @@ from torch import Tensor
 
 from tempering.algos.masked import masked_mean
 
+# --------------------------------------------------------------------------------- aggregations
 
-def token_mean(losses: Tensor, mask: Tensor) -> Tensor:
+
+def token_mean(losses: Tensor, mask: Tensor, **_: object) -> Tensor:
     """Every response token in the batch weighs the same (DAPO's choice; verl `token-mean`)."""
     return masked_mean(losses, mask)
 
 
-LOSS_AGGREGATIONS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
+def seq_mean_token_sum(losses: Tensor, mask: Tensor, **_: object) -> Tensor:
+    """Sum over each sequence's tokens, mean over sequences (long answers weigh more)."""
+    return (losses * mask).sum(-1).mean()
+
+
+def seq_mean_token_mean(losses: Tensor, mask: Tensor, **_: object) -> Tensor:
+    """Mean over each sequence's tokens, then over sequences (the original GRPO's per-sample average)."""
+    return masked_mean(losses, mask, dim=-1).mean()
+
+
+def seq_mean_token_sum_norm(losses: Tensor, mask: Tensor, *, norm_length: int | None = None, **_: object) -> Tensor:
+    """Sum over tokens divided by a constant length (default the batch's T), mean over sequences:
+    Dr. GRPO's unbiased aggregation (no per-sequence length normalisation)."""
+    return (losses * mask).sum(-1).mean() / float(norm_length or losses.shape[-1])
+
+
+LOSS_AGGREGATIONS: dict[str, Callable[..., Tensor]] = {
     "token-mean": token_mean,
+    "seq-mean-token-sum": seq_mean_token_sum,
+    "seq-mean-token-mean": seq_mean_token_mean,
+    "seq-mean-token-sum-norm": seq_mean_token_sum_norm,
 }
+
+
+def aggregate(losses: Tensor, mask: Tensor, loss_agg: str, **hyper: object) -> Tensor:
+    if loss_agg not in LOSS_AGGREGATIONS:
+        raise ValueError(f"unknown loss_agg '{loss_agg}'; valid: {', '.join(LOSS_AGGREGATIONS)}")
+    return LOSS_AGGREGATIONS[loss_agg](losses, mask, **hyper)
+
+
+# -------------------------------------------------------------------------------- policy losses
 
 
 def ppo_clip_loss(
@@ -33,24 +63,53 @@ def ppo_clip_loss(
     mask: Tensor,
     *,
     clip_ratio: float = 0.2,
+    clip_ratio_low: float | None = None,
+    clip_ratio_high: float | None = None,
+    clip_ratio_c: float | None = None,
     loss_agg: str = "token-mean",
+    norm_length: int | None = None,
     **_: object,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO clipped surrogate (Schulman et al. 2017, arXiv 1707.06347), per token.
 
-    loss_t = -min(r_t * A_t, clip(r_t, 1 - eps, 1 + eps) * A_t) with r_t = exp(logprobs - old_logprobs).
+    loss_t = -min(r_t A_t, clip(r_t, 1 - eps_low, 1 + eps_high) A_t),  r_t = exp(logprobs - old_logprobs).
+    eps_low / eps_high default to `clip_ratio`; a larger eps_high is DAPO's clip-higher (arXiv 2503.14476).
+    `clip_ratio_c` (> 1) is dual-clip PPO (Ye et al. 2020, arXiv 1912.09729): for A_t < 0 the loss is at
+    most -c A_t, so a huge ratio on a bad token cannot blow the update up.
     """
+    low = clip_ratio if clip_ratio_low is None else clip_ratio_low
+    high = clip_ratio if clip_ratio_high is None else clip_ratio_high
     log_ratio = logprobs - old_logprobs                                  # (B, T)
     ratio = torch.exp(log_ratio)
     unclipped = -advantages * ratio
-    clipped = -advantages * ratio.clamp(1.0 - clip_ratio, 1.0 + clip_ratio)
+    clipped = -advantages * ratio.clamp(1.0 - low, 1.0 + high)
     losses = torch.maximum(unclipped, clipped)                           # (B, T)
-    loss = LOSS_AGGREGATIONS[loss_agg](losses, mask)
+    dual = None
+    if clip_ratio_c is not None:
+        if clip_ratio_c <= 1.0:
+            raise ValueError(f"clip_ratio_c must be > 1, not {clip_ratio_c}")
+        capped = torch.minimum(losses, -advantages * clip_ratio_c)
+        dual = (advantages < 0) & (capped < losses)
+        losses = torch.where(advantages < 0, capped, losses)
+    loss = aggregate(losses, mask, loss_agg, norm_length=norm_length)
     with torch.no_grad():
         metrics = {
             "pg_clipfrac": masked_mean((clipped > unclipped).float(), mask),
             "ppo_kl": masked_mean(-log_ratio, mask),                     # approx KL(old || new), k1
         }
+        if dual is not None:
+            metrics["pg_clipfrac_lower"] = masked_mean(dual.float(), mask)
+    return loss, metrics
+
+
+def vanilla_pg_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, *,
+                    loss_agg: str = "token-mean", norm_length: int | None = None,
+                    **_: object) -> tuple[Tensor, dict[str, Tensor]]:
+    """Plain policy gradient: -A_t * r_t (equal to -A_t log pi at r = 1, with the same gradient)."""
+    ratio = torch.exp(logprobs - old_logprobs)
+    loss = aggregate(-advantages * ratio, mask, loss_agg, norm_length=norm_length)
+    with torch.no_grad():
+        metrics = {"pg_clipfrac": torch.zeros(()), "ppo_kl": masked_mean(old_logprobs - logprobs, mask)}
     return loss, metrics
 
 
@@ -58,4 +117,20 @@ PolicyLoss = Callable[..., tuple[Tensor, dict[str, Tensor]]]
 
 POLICY_LOSSES: dict[str, PolicyLoss] = {
     "ppo_clip": ppo_clip_loss,
+    "vanilla": vanilla_pg_loss,
 }
+
+
+# ----------------------------------------------------------------------------------- value loss
+
+
+def clipped_value_loss(values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor, *,
+                       clip_range: float = 0.2, loss_agg: str = "token-mean") -> tuple[Tensor, dict[str, Tensor]]:
+    """PPO's clipped value loss: 0.5 * max((V - R)^2, (V_old + clip(V - V_old, -c, c) - R)^2)."""
+    clipped = old_values + (values - old_values).clamp(-clip_range, clip_range)
+    losses = 0.5 * torch.maximum((values - returns) ** 2, (clipped - returns) ** 2)
+    loss = aggregate(losses, mask, loss_agg)
+    with torch.no_grad():
+        metrics = {"vf_clipfrac": masked_mean(((clipped - returns) ** 2 > (values - returns) ** 2).float(), mask),
+                   "vpred_mean": masked_mean(values, mask)}
+    return loss, metrics

@@ -18,6 +18,7 @@ import json
 import os
 import random
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -126,6 +127,7 @@ def save_checkpoint(
     trainer_state: dict[str, Any],
     config_yaml: str,
     keep: int = 2,
+    extra: Callable[[Path], None] | None = None,
 ) -> Checkpoint:
     """Write checkpoint `step` under `root` atomically, point LATEST at it, prune old ones."""
     root.mkdir(parents=True, exist_ok=True)
@@ -140,6 +142,8 @@ def save_checkpoint(
     torch.save(rng_state(), tmp / "rng.pt")
     (tmp / "trainer_state.json").write_text(json.dumps({"step": step, **trainer_state}, indent=1))
     (tmp / "config.yaml").write_text(config_yaml)
+    if extra is not None:  # more state (e.g. the critic) written into the checkpoint before its manifest
+        extra(tmp)
     write_manifest(tmp)
     if final.exists():  # re-saving a step after a resume: the new copy replaces the old
         shutil.rmtree(final)

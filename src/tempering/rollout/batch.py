@@ -21,6 +21,7 @@ class RolloutBatch:
     returns: Tensor | None = None         # (B, R)
     ref_logprobs: Tensor | None = None    # (B, R) under the frozen reference, when KL is used
     values: Tensor | None = None          # (B, R) critic values, when a critic is used
+    token_rewards: Tensor | None = None   # (B, R) per-token rewards (process steps, KL penalty), when used
 
     def __len__(self) -> int:
         return self.prompt_ids.shape[0]

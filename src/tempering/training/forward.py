@@ -51,29 +51,45 @@ def response_logprobs(
     return logprobs, entropy
 
 
-def _full_logits(model, prompt_ids, prompt_mask, response_ids, response_mask) -> Tensor:
-    """One pass over prompt + response; the logits that predict the R response tokens (B, R, V)."""
+def response_hidden_states(model, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor,
+                           response_mask: Tensor, *, share_prompts: bool = True) -> Tensor:
+    """Last hidden state of a decoder backbone (`AutoModel`, no LM head) at the R positions that predict
+    the response tokens - the state before each token, which is what a critic's value head reads. (B, R, H)"""
+    first, inverse = distinct_rows(prompt_ids) if share_prompts else (None, None)
+    if first is None or len(first) == len(prompt_ids) or response_ids.shape[1] == 0:
+        return _full_logits(model, prompt_ids, prompt_mask, response_ids, response_mask, "last_hidden_state")
+    return _shared_prompt_logits(model, prompt_ids, prompt_mask, response_ids, response_mask, first, inverse,
+                                 "last_hidden_state")
+
+
+def _full_logits(model, prompt_ids, prompt_mask, response_ids, response_mask, field: str = "logits") -> Tensor:
+    """One pass over prompt + response; the outputs at the R positions that predict the response (B, R, .)."""
     ids = torch.cat([prompt_ids, response_ids], dim=1)                       # (B, P + R)
     mask = torch.cat([prompt_mask.long(), response_mask.long()], dim=1)
     positions = (mask.cumsum(-1) - 1).clamp_min(0)
     r = response_ids.shape[1]
-    # Logits at positions P-1 .. P+R-2 predict the R response tokens; keep only those (+1, then drop).
-    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=r + 1)
-    return out.logits[:, :-1]
+    # Positions P-1 .. P+R-2 predict the R response tokens; keep only those (+1, then drop).
+    if field == "logits":
+        out = model(input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=r + 1)
+        return out.logits[:, :-1]
+    out = model(input_ids=ids, attention_mask=mask, position_ids=positions)
+    return getattr(out, field)[:, -(r + 1):-1]
 
 
-def _shared_prompt_logits(model, prompt_ids, prompt_mask, response_ids, response_mask, first, inverse):
+def _shared_prompt_logits(model, prompt_ids, prompt_mask, response_ids, response_mask, first, inverse,
+                          field: str = "logits"):
     """Encode the U distinct prompts once, expand their cache to the B rows, then run the responses."""
     p_mask = prompt_mask.long()
     p_pos = (p_mask.cumsum(-1) - 1).clamp_min(0)
+    keep = {"logits_to_keep": 1} if field == "logits" else {}
     out = model(input_ids=prompt_ids[first], attention_mask=p_mask[first], position_ids=p_pos[first],
-                use_cache=True, logits_to_keep=1)
+                use_cache=True, **keep)
     cache = out.cache
     cache.batch_select_indices(inverse)                                      # (U, ...) -> (B, ...)
-    head = out.logits[inverse]                                               # (B, 1, V) predicts token 0
+    head = getattr(out, field)[:, -1:][inverse]                              # (B, 1, .) predicts token 0
     mask = torch.cat([p_mask, response_mask.long()], dim=1)
     positions = (mask.cumsum(-1) - 1).clamp_min(0)[:, prompt_ids.shape[1]:]  # (B, R)
     r = response_ids.shape[1]
     out = model(input_ids=response_ids[:, :-1], attention_mask=mask[:, :-1], position_ids=positions[:, :-1],
                 cache=cache, use_cache=True) if r > 1 else None
-    return head if out is None else torch.cat([head, out.logits], dim=1)
+    return head if out is None else torch.cat([head, getattr(out, field)], dim=1)

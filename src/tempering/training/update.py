@@ -22,7 +22,11 @@ def update_policy(
     ppo_epochs: int = 1,
     minibatches: int = 1,
     clip_ratio: float = 0.2,
+    clip_ratio_low: float | None = None,
+    clip_ratio_high: float | None = None,
+    clip_ratio_c: float | None = None,
     loss_agg: str = "token-mean",
+    norm_length: int | None = None,
     kl_coef: float = 0.0,
     kl_estimator: str = "k3",
     entropy_coef: float = 0.0,
@@ -44,7 +48,8 @@ def update_policy(
                 temperature=temperature, with_entropy=True,
             )
             pg_loss, pg_metrics = policy_loss(
-                logprobs, mb.old_logprobs, mb.advantages, mask, clip_ratio=clip_ratio, loss_agg=loss_agg
+                logprobs, mb.old_logprobs, mb.advantages, mask, clip_ratio=clip_ratio, clip_ratio_low=clip_ratio_low,
+                clip_ratio_high=clip_ratio_high, clip_ratio_c=clip_ratio_c, loss_agg=loss_agg, norm_length=norm_length,
             )
             entropy_mean = masked_mean(entropy, mask)
             loss = pg_loss - entropy_coef * entropy_mean

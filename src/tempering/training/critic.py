@@ -1,0 +1,70 @@
+"""The critic of PPO with GAE: a separate model (the policy's backbone, copied at the start of RL) with a
+scalar value head, trained on the GAE returns with PPO's clipped value loss.
+
+A separate critic (verl's and OpenRLHF's default) rather than a head on the policy: the value loss
+then cannot disturb the policy's features, and the critic can have its own learning rate.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from tempering.algos.losses import clipped_value_loss
+from tempering.training.forward import response_hidden_states
+
+HEAD_FILE = "value_head.pt"
+
+
+class Critic(nn.Module):
+    def __init__(self, backbone: nn.Module):
+        super().__init__()
+        self.backbone = backbone
+        self.head = nn.Linear(backbone.config.hidden_size, 1)
+        nn.init.zeros_(self.head.weight)  # V = 0 at the start: advantages begin as plain returns
+        nn.init.zeros_(self.head.bias)
+
+    @classmethod
+    def from_pretrained(cls, model_dir: Path, *, dtype: str = "float32", device: str = "cpu") -> Critic:
+        """The backbone of any HF causal LM directory (its LM head is dropped); a saved head if present."""
+        from transformers import AutoModel
+
+        backbone = AutoModel.from_pretrained(model_dir, dtype=getattr(torch, dtype))
+        critic = cls(backbone).to(device)
+        if (Path(model_dir) / HEAD_FILE).is_file():
+            critic.head.load_state_dict(torch.load(Path(model_dir) / HEAD_FILE, map_location=device))
+        return critic
+
+    def save_pretrained(self, directory: Path) -> None:
+        self.backbone.save_pretrained(directory, safe_serialization=True)
+        torch.save(self.head.state_dict(), Path(directory) / HEAD_FILE)
+
+    def values(self, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor, response_mask: Tensor) -> Tensor:
+        """V(s_t) before each response token t. -> (B, R)"""
+        hidden = response_hidden_states(self.backbone, prompt_ids, prompt_mask, response_ids, response_mask)
+        return self.head(hidden.float()).squeeze(-1) * response_mask
+
+
+def update_critic(critic: Critic, optimizer: torch.optim.Optimizer, batch, *, generator: torch.Generator,
+                  epochs: int = 1, minibatches: int = 1, clip_range: float = 0.2,
+                  max_grad_norm: float = 1.0) -> dict[str, float]:
+    """Regress V on the GAE returns: `epochs` x `minibatches` optimizer steps. -> mean metrics."""
+    assert batch.returns is not None and batch.values is not None
+    critic.train()
+    sums: dict[str, float] = {}
+    n = 0
+    for _ in range(epochs):
+        for index in torch.randperm(len(batch), generator=generator).chunk(minibatches):
+            mb = batch.select(index).trim()
+            values = critic.values(mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask)
+            loss, metrics = clipped_value_loss(values, mb.values, mb.returns, mb.response_mask, clip_range=clip_range)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(critic.parameters(), max_grad_norm)
+            optimizer.step()
+            n += 1
+            for k, v in {"vf_loss": loss.detach(), "grad_norm": grad_norm, **metrics}.items():
+                sums[f"critic/{k}"] = sums.get(f"critic/{k}", 0.0) + float(v)
+    return {k: v / n for k, v in sums.items()}

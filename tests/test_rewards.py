@@ -1,0 +1,130 @@
+"""Reward components, the TRL adapter, the process-reward hook and the reward-hacking guards, on real
+executions in the sandbox."""
+
+import sys
+import types
+
+import pytest
+
+from tempering.rewards import RewardFunction, step_texts
+from tempering.rollout.code import execute, lint_findings
+from tempering.types import Task, TestCase, Trajectory
+
+
+def task(**kw):
+    base = dict(id="sq", domain="d", prompt="def f(x):\n", entry_point="f",
+                tests=[TestCase(input=[i], output=i * i, tags=["edge"] if i == 0 else []) for i in range(6)],
+                examples=[TestCase(input=[3], output=9), TestCase(input=[7], output=49)],
+                reference_solution="def f(x):\n    return x * x\n")
+    base.update(kw)
+    return Task(**base)
+
+
+def run(sandbox, t, completion, fn: RewardFunction, tokens=10):
+    traj = Trajectory(task=t, group_id=0, completion=completion, truncated=False, response_tokens=tokens)
+    execute([traj], sandbox, fn.needs, {})
+    return traj, fn.batch([traj])[0]
+
+
+def test_outcome_with_edge_weight_and_edge_cases(sandbox):
+    fn = RewardFunction({"tests": 1.0, "edge_cases": 1.0}, params={"tests": {"edge_weight": 5.0}})
+    # Wrong only on the edge case x = 0: 5 / 10 of the weighted tests fail.
+    _, r = run(sandbox, task(), "    return x * x if x else 1\n", fn)
+    assert r.components["tests"] == pytest.approx(5 / 10)
+    assert r.components["edge_cases"] == 0.0
+
+
+def test_style_counts_real_linter_findings(sandbox):
+    fn = RewardFunction({"style": 1.0})
+    _, clean = run(sandbox, task(), "    return x * x\n", fn)
+    _, messy = run(sandbox, task(), "    import os\n    l = 1\n    return x * x\n", fn)
+    assert clean.components["style"] == 1.0
+    assert messy.components["style"] == pytest.approx(1 / 4)  # F401, E741, F841
+    assert lint_findings(["def f(:\n"]) == [None]
+
+
+def test_efficiency_compares_cpu_time_with_the_reference(sandbox):
+    fn = RewardFunction({"efficiency": 1.0})
+    _, fast = run(sandbox, task(), "    return x * x\n", fn)
+    _, slow = run(sandbox, task(), "    for _ in range(300000):\n        pass\n    return x * x\n", fn)
+    _, wrong = run(sandbox, task(), "    return x\n", fn)
+    assert fast.components["efficiency"] > 0.5
+    assert slow.components["efficiency"] < 0.2 * fast.components["efficiency"]
+    assert wrong.components["efficiency"] == 0.0
+
+
+def test_overlong_shaping():
+    fn = RewardFunction({"overlong": 1.0}, params={"overlong": {"max_tokens": 48, "cache_tokens": 8}})
+    t = task()
+    for tokens, want in [(30, 0.0), (40, 0.0), (44, -0.5), (48, -1.0)]:
+        traj = Trajectory(task=t, group_id=0, completion="", truncated=False, response_tokens=tokens)
+        assert fn.batch([traj])[0].components["overlong"] == pytest.approx(want)
+
+
+def test_trl_style_reward_function(sandbox, monkeypatch):
+    module = types.ModuleType("user_rewards")
+
+    def length_bonus(prompts, completions, entry_point, **columns):
+        assert entry_point == ["f", "f"] and "tests" in columns
+        return [len(c) / 100 for c in completions[:1]] + [None]
+
+    module.length_bonus = length_bonus
+    monkeypatch.setitem(sys.modules, "user_rewards", module)
+    fn = RewardFunction({"tests": 1.0, "trl:user_rewards:length_bonus": 2.0})
+    trajs = [Trajectory(task=task(), group_id=0, completion=c, truncated=False) for c in ("    return x*x\n", "x")]
+    execute(trajs, sandbox)
+    a, b = fn.batch(trajs)
+    assert a.components["trl:user_rewards:length_bonus"] == pytest.approx(0.15)
+    assert a.score == pytest.approx(1.0 + 0.3)
+    assert b.components["trl:user_rewards:length_bonus"] == 0.0
+
+
+def test_step_reward_hook_scores_each_line(sandbox, monkeypatch):
+    module = types.ModuleType("user_prm")
+    module.prm = lambda task, steps: [1.0 if "return" in s else -0.1 for s in steps]
+    monkeypatch.setitem(sys.modules, "user_prm", module)
+    fn = RewardFunction({"tests": 1.0}, step_fn="user_prm:prm")
+    traj, r = run(sandbox, task(), "    y = x * x\n    return y\n", fn)
+    assert step_texts(traj) == ["    y = x * x\n", "    return y\n"]
+    assert r.info["step_rewards"] == [-0.1, 1.0]
+
+
+# ------------------------------------------------------------------------------------------- guards
+
+
+@pytest.mark.parametrize("completion,kind", [
+    ("    return x * x\nimport sys\nsys.exit(0)\n", "exit_before_tests"),
+    ("    return 0\nimport builtins\nbuiltins.len = lambda x: 0\n", "harness_tampering"),
+    ("    class A(int):\n        def __eq__(s, o): return True\n    return A(0)\n", "always_equal"),
+    ("    return {3: 9, 7: 49}.get(x, 0)\n", "hardcoded_examples"),
+])
+def test_guards_detect_penalise_and_can_be_turned_off(sandbox, completion, kind):
+    on = RewardFunction({"tests": 1.0, "examples": 1.0}, guards=True, penalty=-1.0)
+    off = RewardFunction({"tests": 1.0, "examples": 1.0}, guards=False)
+    _, r_on = run(sandbox, task(), completion, on)
+    _, r_off = run(sandbox, task(), completion, off)
+    assert kind in r_on.info["hacking"] and kind in r_off.info["hacking"]
+    assert r_on.score == -1.0 and r_off.score != -1.0
+
+
+def test_honest_programs_trip_no_guard(sandbox):
+    fn = RewardFunction({"tests": 1.0}, guards=True)
+    for completion in ("    return x * x\n", "    return x + 1\n", "    return 9 if x == 3 else x * x\n", "    retur x\n"):
+        _, r = run(sandbox, task(), completion, fn)
+        assert r.info["hacking"] == [], completion
+
+
+def test_printed_output_guard_on_stdin_tasks(sandbox):
+    io = Task(id="io", domain="d", prompt="", tests=[TestCase(stdin="2 3\n", stdout="5"), TestCase(stdin="4 4\n", stdout="8")],
+              examples=[TestCase(stdin="2 3\n", stdout="5")])
+    fn = RewardFunction({"tests": 1.0})
+    _, cheat = run(sandbox, io, "print(5)\n", fn)
+    _, honest = run(sandbox, io, "a, b = map(int, input().split())\nprint(a + b)\n", fn)
+    assert "printed_output" in cheat.info["hacking"] and honest.info["hacking"] == []
+
+
+def test_unknown_guard_or_param_is_a_clear_error():
+    with pytest.raises(ValueError, match="unknown reward guard"):
+        RewardFunction({"tests": 1.0}, guard_kinds=["exit_early"])
+    with pytest.raises(ValueError, match="reward.params"):
+        RewardFunction({"tests": 1.0}, params={"style": {}})
