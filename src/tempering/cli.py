@@ -18,7 +18,7 @@ import json
 import sys
 from pathlib import Path
 
-from tempering.errors import TemperingError
+from tempering.errors import Preempted, TemperingError
 
 
 def _config(args: argparse.Namespace):
@@ -57,6 +57,33 @@ def _resolve_model_dir(path: Path) -> Path:
         if latest:
             return latest.model_dir
     return path  # let the loader produce the error message
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """A checkpoint (or a run's newest) as a plain Hugging Face model directory."""
+    import shutil
+
+    from tempering.models.loading import load_model, load_tokenizer
+
+    source = Path(args.checkpoint)
+    if not source.exists():
+        raise TemperingError(f"checkpoint '{source}' does not exist")
+    model_dir = _resolve_model_dir(source)
+    if not (model_dir / "config.json").is_file():
+        raise TemperingError(f"'{source}' is not a checkpoint, run directory or model directory")
+    out = Path(args.to)
+    if out.exists() and any(out.iterdir()):
+        raise TemperingError(f"'{out}' exists and is not empty; export writes a fresh directory")
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    # Loaded and saved (not copied), so what is written is exactly what from_pretrained reads back.
+    load_model(model_dir).save_pretrained(tmp, safe_serialization=True)
+    load_tokenizer(model_dir).save_pretrained(tmp)
+    if out.exists():
+        out.rmdir()
+    tmp.rename(out)
+    print(f"exported {model_dir} -> {out}")
+    return 0
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -255,6 +282,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--isolation", **isolation)
     p.set_defaults(fn=cmd_sandbox_bench)
 
+    p = sub.add_parser("export", help="write a checkpoint as a plain Hugging Face model directory")
+    p.add_argument("checkpoint", help="checkpoint directory, or a run directory (its newest checkpoint)")
+    p.add_argument("--to", required=True, help="output directory (created; must not hold files)")
+    p.set_defaults(fn=cmd_export)
+
     p = sub.add_parser("report", help="print the summary of a finished run")
     p.add_argument("run_dir")
     p.set_defaults(fn=cmd_report)
@@ -278,6 +310,9 @@ def main(argv: list[str] | None = None) -> int:
     _quiet_libraries()
     try:
         return args.fn(args)
+    except Preempted as e:
+        print(f"preempted: {e}", file=sys.stderr)
+        return 0
     except TemperingError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -216,9 +216,22 @@ class TrainSection(Section):
 
 class CheckpointSection(Section):
     every: int = 25
-    """Save every N RL steps (and at the end)."""
+    """Save every N RL steps (and at the end, and on SIGTERM)."""
     keep: int = 2
-    """Keep the newest K checkpoints."""
+    """Keep the newest K checkpoints (locally and at `uri`)."""
+    keep_every: int | None = None
+    """Also keep every checkpoint whose step is a multiple of this (None = only the newest K)."""
+    uri: str | None = None
+    """Mirror checkpoints to this fsspec URI: s3://bucket/prefix, memory://name, or a path. Resume takes
+    the newest valid checkpoint of the run directory and the URI. None = the run directory only."""
+    storage: dict[str, Any] = {}
+    """Options of the store at `uri`: endpoint_url, region, key, secret (else the usual AWS_* variables)."""
+    async_save: bool = True
+    """Write (and upload) checkpoints in the background while training continues; one save in flight."""
+    upload_retries: int = 5
+    """Attempts per storage operation beyond the first, with exponential backoff."""
+    retry_backoff_s: float = 1.0
+    """First backoff of a failed storage operation (doubled on each retry)."""
 
 
 class EvalSection(Section):

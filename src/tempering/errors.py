@@ -23,3 +23,7 @@ class SandboxError(TemperingError):
 
 class CheckpointError(TemperingError):
     """A checkpoint that cannot be read or written."""
+
+
+class Preempted(Exception):
+    """The run was asked to stop (SIGTERM) and has saved its state; not an error (exit status 0)."""

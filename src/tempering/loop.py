@@ -7,6 +7,8 @@ so a run resumed from checkpoint k writes the same metrics rows as one that neve
 
 from __future__ import annotations
 
+import copy
+import signal
 import time
 from collections import Counter
 from contextlib import contextmanager
@@ -29,6 +31,7 @@ from tempering.algos import (
 )
 from tempering.config import RunConfig
 from tempering.data import TaskSampler
+from tempering.errors import Preempted
 from tempering.eval.evaluate import evaluate
 from tempering.models.loading import load_model, load_tokenizer
 from tempering.rewards import GUARDS, RewardFunction
@@ -153,9 +156,13 @@ class RLTrainer:
                                         penalty=r.penalty, step_fn=r.step_fn)
         self.reference_cpu: dict[str, float] = {}
         self.checkpoints = run_dir / "checkpoints"
-        latest, skipped = ckpt.find_latest(self.checkpoints)
-        for note in skipped:
-            log(f"[yellow]{note}[/]")
+        c = cfg.checkpoint
+        remote = ckpt.RemoteStore(c.uri, c.storage, retries=c.upload_retries, backoff_s=c.retry_backoff_s,
+                                  log=log) if c.uri else None
+        latest = ckpt.resume_point(self.checkpoints, remote, log)
+        self.saver = ckpt.Saver(self.checkpoints, keep=c.keep, keep_every=c.keep_every, remote=remote,
+                                asynchronous=c.async_save, log=log)
+        self.stop_signal: str | None = None
         model_dir = latest.model_dir if latest else start_model_dir
         self.policy = load_model(model_dir, dtype=cfg.model.dtype, device=cfg.run.device)
         self.tokenizer = load_tokenizer(model_dir)
@@ -310,7 +317,22 @@ class RLTrainer:
     # ---------------------------------------------------------------------------------- the loop
 
     def run(self, sandbox: Sandbox, tracker: Tracker) -> int:
-        """Run the remaining steps (or until `train.max_time_s` has passed); returns the last step run."""
+        """Run the remaining steps (or until `train.max_time_s` has passed); returns the last step run.
+
+        SIGTERM (a preemptible machine going away) ends the current step, saves, waits for the save and
+        raises `Preempted`; running the same command again resumes."""
+        previous = signal.signal(signal.SIGTERM, self._on_sigterm) if _main_thread() else None
+        try:
+            return self._run(sandbox, tracker)
+        finally:
+            self.saver.close()
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
+
+    def _on_sigterm(self, signum, frame) -> None:
+        self.stop_signal = "SIGTERM"
+
+    def _run(self, sandbox: Sandbox, tracker: Tracker) -> int:
         cfg = self.cfg
         pending_checkpoint_s = 0.0
         began = time.monotonic()
@@ -326,23 +348,41 @@ class RLTrainer:
             if cfg.tracking.samples_every and step % cfg.tracking.samples_every == 0:
                 tracker.write_samples(step, rows)
             out_of_time = cfg.train.max_time_s is not None and time.monotonic() - began >= cfg.train.max_time_s
-            if step % cfg.checkpoint.every == 0 or step == cfg.train.steps or out_of_time:
+            if step % cfg.checkpoint.every == 0 or step == cfg.train.steps or out_of_time or self.stop_signal:
                 start = time.perf_counter()
                 self.save(step)
                 pending_checkpoint_s = time.perf_counter() - start
+            if self.stop_signal:
+                self.saver.close()
+                raise Preempted(f"{self.stop_signal}: saved step {step} in {self.checkpoints}; run the same "
+                                "command again to resume")
             if out_of_time:
                 self.log(f"train.max_time_s ({cfg.train.max_time_s:.0f} s) reached after step {step}")
                 break
         return step
 
-    def save(self, step: int) -> ckpt.Checkpoint:
-        def save_critic(directory: Path) -> None:
-            self.critic.save_pretrained(directory / "critic")
-            torch.save(self.critic_optimizer.state_dict(), directory / "critic" / "optimizer.pt")
+    def save(self, step: int) -> None:
+        """Snapshot the state now; the saver writes (and uploads) it while training goes on."""
+        extra = None
+        if self.critic is not None:
+            backbone = {k: v.detach().clone() for k, v in self.critic.backbone.state_dict().items()}
+            head = {k: v.detach().clone() for k, v in self.critic.head.state_dict().items()}
+            optimizer = copy.deepcopy(self.critic_optimizer.state_dict())
+            critic = self.critic
 
-        return ckpt.save_checkpoint(
-            self.checkpoints, step, model=self.policy, tokenizer=self.tokenizer, optimizer=self.optimizer,
-            scheduler=self.scheduler, trainer_state={"sampler": self.sampler.state_dict(), "kl": self.kl.state_dict()},
-            config_yaml=self.cfg.to_yaml(), keep=self.cfg.checkpoint.keep,
-            extra=save_critic if self.critic is not None else None,
+            def extra(directory: Path) -> None:
+                critic.save_snapshot(directory / "critic", backbone, head)
+                torch.save(optimizer, directory / "critic" / "optimizer.pt")
+
+        snap = ckpt.snapshot(
+            step, model=self.policy, tokenizer=self.tokenizer, optimizer=self.optimizer, scheduler=self.scheduler,
+            trainer_state={"sampler": self.sampler.state_dict(), "kl": self.kl.state_dict()},
+            config_yaml=self.cfg.to_yaml(), extra=extra,
         )
+        self.saver.save(snap)
+
+
+def _main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()

@@ -203,15 +203,22 @@ def rl_stage(ws: Workspace, start: Path, sandbox: Sandbox) -> Path:
     cfg = ws.cfg
     trainer = RLTrainer(cfg, ws.run_dir, ws.rl_tasks, ws.heldout_tasks, start, log=ws.log)
     last = trainer.start_step
-    if trainer.start_step < cfg.train.steps:
-        tracker = Tracker(ws.run_dir, start_step=trainer.start_step, total_steps=cfg.train.steps,
-                          tensorboard=cfg.tracking.tensorboard, progress=cfg.tracking.progress, console=ws.console)
-        try:
-            last = trainer.run(sandbox, tracker)
-        finally:
-            tracker.close()
+    try:
+        if trainer.start_step < cfg.train.steps:
+            tracker = Tracker(ws.run_dir, start_step=trainer.start_step, total_steps=cfg.train.steps,
+                              tensorboard=cfg.tracking.tensorboard, progress=cfg.tracking.progress,
+                              console=ws.console)
+            try:
+                last = trainer.run(sandbox, tracker)
+            finally:
+                tracker.close()
+    finally:
+        trainer.saver.close()
     final = trainer.checkpoints / f"step_{last:06d}"
-    return final / "model" if final.is_dir() else trainer.save(last).model_dir
+    if not final.is_dir():  # e.g. the last save failed: write it now, synchronously
+        trainer.saver.asynchronous = False
+        trainer.save(last)
+    return final / "model"
 
 
 # ------------------------------------------------------------------------------------------- train

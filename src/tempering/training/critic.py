@@ -38,8 +38,12 @@ class Critic(nn.Module):
         return critic
 
     def save_pretrained(self, directory: Path) -> None:
-        self.backbone.save_pretrained(directory, safe_serialization=True)
-        torch.save(self.head.state_dict(), Path(directory) / HEAD_FILE)
+        self.save_snapshot(directory, self.backbone.state_dict(), self.head.state_dict())
+
+    def save_snapshot(self, directory: Path, backbone_state: dict, head_state: dict) -> None:
+        """Write given (copied) states in this critic's format: an HF backbone directory plus the head."""
+        self.backbone.save_pretrained(directory, state_dict=backbone_state, safe_serialization=True)
+        torch.save(head_state, Path(directory) / HEAD_FILE)
 
     def values(self, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor, response_mask: Tensor) -> Tensor:
         """V(s_t) before each response token t. -> (B, R)"""

@@ -1,0 +1,253 @@
+"""Local checkpoints: everything that shapes the rest of a run, written so that a crash never leaves a half one.
+
+Layout (DESIGN.md, "Run directory"):
+
+    checkpoints/step_NNNNNN/   model/ (HF format), optimizer.pt, scheduler.pt, rng.pt,
+                               trainer_state.json, config.yaml, MANIFEST.json
+    checkpoints/LATEST         names the newest complete checkpoint; written last
+
+A checkpoint is assembled in `step_NNNNNN.tmp/`, its MANIFEST (size and sha256 of every file) written
+after the data, then renamed into place, and only then is LATEST replaced. On resume a checkpoint counts
+only if its manifest verifies; a corrupt or partial one is reported by name and the previous one used.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import random
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from tempering.errors import CheckpointError
+
+MANIFEST = "MANIFEST.json"
+LATEST = "LATEST"
+
+
+def checkpoint_name(step: int) -> str:
+    return f"step_{step:06d}"
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def write_manifest(directory: Path) -> dict[str, Any]:
+    files = {}
+    for path in sorted(p for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST):
+        rel = path.relative_to(directory).as_posix()
+        files[rel] = {"size": path.stat().st_size, "sha256": _sha256(path)}
+    manifest = {"files": files}
+    _write_atomic(directory / MANIFEST, json.dumps(manifest, indent=1))
+    return manifest
+
+
+def verify(directory: Path) -> str | None:
+    """None if the checkpoint is complete and intact, else what is wrong with it."""
+    manifest_path = directory / MANIFEST
+    if not manifest_path.is_file():
+        return "no MANIFEST.json (the save did not finish)"
+    try:
+        files = json.loads(manifest_path.read_text())["files"]
+    except (ValueError, KeyError):
+        return "MANIFEST.json is unreadable"
+    for rel, meta in files.items():
+        path = directory / rel
+        if not path.is_file():
+            return f"'{rel}' is missing"
+        if path.stat().st_size != meta["size"]:
+            return f"'{rel}' has {path.stat().st_size} bytes, the manifest says {meta['size']}"
+        if _sha256(path) != meta["sha256"]:
+            return f"'{rel}' does not match its checksum"
+    return None
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+# --------------------------------------------------------------------------------------------- RNG
+
+
+def rng_state() -> dict[str, Any]:
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+
+
+# ------------------------------------------------------------------------------------- save / load
+
+
+@dataclass
+class Checkpoint:
+    path: Path
+    step: int
+
+    @property
+    def model_dir(self) -> Path:
+        return self.path / "model"
+
+    def trainer_state(self) -> dict[str, Any]:
+        return json.loads((self.path / "trainer_state.json").read_text())
+
+    def load_into(self, optimizer: torch.optim.Optimizer, scheduler: Any) -> dict[str, Any]:
+        """Restore optimizer, scheduler and global RNG states; returns the trainer state."""
+        optimizer.load_state_dict(torch.load(self.path / "optimizer.pt", weights_only=False))
+        scheduler.load_state_dict(torch.load(self.path / "scheduler.pt", weights_only=False))
+        set_rng_state(torch.load(self.path / "rng.pt", weights_only=False))
+        return self.trainer_state()
+
+
+@dataclass
+class Snapshot:
+    """Everything a checkpoint holds, copied out of the live objects, so it can be written while training
+    goes on: tensors are cloned; the model and tokenizer are only read for their config and files."""
+
+    step: int
+    model: torch.nn.Module
+    model_state: dict[str, torch.Tensor]
+    tokenizer: Any
+    optimizer_state: dict[str, Any]
+    scheduler_state: dict[str, Any]
+    rng: dict[str, Any]
+    trainer_state: dict[str, Any]
+    config_yaml: str
+    extra: Callable[[Path], None] | None = None
+
+
+def snapshot(step: int, *, model: torch.nn.Module, tokenizer: Any, optimizer: torch.optim.Optimizer,
+             scheduler: Any, trainer_state: dict[str, Any], config_yaml: str,
+             extra: Callable[[Path], None] | None = None) -> Snapshot:
+    from tempering import __version__
+
+    return Snapshot(
+        step=step, model=model, model_state={k: v.detach().clone() for k, v in model.state_dict().items()},
+        tokenizer=tokenizer, optimizer_state=copy.deepcopy(optimizer.state_dict()),
+        scheduler_state=copy.deepcopy(scheduler.state_dict()), rng=rng_state(),
+        trainer_state={"step": step, "tempering_version": __version__, **copy.deepcopy(trainer_state)},
+        config_yaml=config_yaml, extra=extra,
+    )
+
+
+def write_snapshot(root: Path, snap: Snapshot, *, keep: int = 2, keep_every: int | None = None) -> Checkpoint:
+    """Write checkpoint `snap.step` under `root` atomically, point LATEST at it, prune old ones."""
+    root.mkdir(parents=True, exist_ok=True)
+    name = checkpoint_name(snap.step)
+    tmp, final = root / f"{name}.tmp", root / name
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    snap.model.save_pretrained(tmp / "model", state_dict=snap.model_state, safe_serialization=True)
+    snap.tokenizer.save_pretrained(tmp / "model")
+    torch.save(snap.optimizer_state, tmp / "optimizer.pt")
+    torch.save(snap.scheduler_state, tmp / "scheduler.pt")
+    torch.save(snap.rng, tmp / "rng.pt")
+    (tmp / "trainer_state.json").write_text(json.dumps(snap.trainer_state, indent=1))
+    (tmp / "config.yaml").write_text(snap.config_yaml)
+    if snap.extra is not None:  # more state (e.g. the critic) written into the checkpoint before its manifest
+        snap.extra(tmp)
+    write_manifest(tmp)
+    _fsync_tree(tmp)
+    if final.exists():  # re-saving a step after a resume: the new copy replaces the old
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    _write_atomic(root / LATEST, name + "\n")
+    prune(root, keep, keep_every)
+    return Checkpoint(final, snap.step)
+
+
+def save_checkpoint(root: Path, step: int, *, model: torch.nn.Module, tokenizer: Any,
+                    optimizer: torch.optim.Optimizer, scheduler: Any, trainer_state: dict[str, Any],
+                    config_yaml: str, keep: int = 2, keep_every: int | None = None,
+                    extra: Callable[[Path], None] | None = None) -> Checkpoint:
+    """Snapshot and write at once (the synchronous path)."""
+    snap = snapshot(step, model=model, tokenizer=tokenizer, optimizer=optimizer, scheduler=scheduler,
+                    trainer_state=trainer_state, config_yaml=config_yaml, extra=extra)
+    return write_snapshot(root, snap, keep=keep, keep_every=keep_every)
+
+
+def _fsync_tree(directory: Path) -> None:
+    """Flush the files to disk before the rename publishes them (a power cut must not publish zeros)."""
+    for path in directory.rglob("*"):
+        if path.is_file():
+            with path.open("rb") as f:
+                os.fsync(f.fileno())
+
+
+def parse_step(name: str) -> int | None:
+    if not name.startswith("step_") or "." in name:
+        return None
+    try:
+        return int(name.split("_", 1)[1])
+    except ValueError:
+        return None
+
+
+def _steps(root: Path) -> list[tuple[int, Path]]:
+    found = []
+    for p in root.glob("step_*"):
+        step = parse_step(p.name)
+        if p.is_dir() and step is not None:
+            found.append((step, p))
+    return sorted(found, reverse=True)
+
+
+def prune(root: Path, keep: int, keep_every: int | None = None) -> None:
+    """Keep the newest `keep` checkpoints plus every `keep_every`-th step; never delete the one LATEST
+    names, nor the newest one that verifies."""
+    from tempering.checkpoint.remote import retained
+
+    latest = (root / LATEST).read_text().strip() if (root / LATEST).is_file() else None
+    steps = _steps(root)
+    doomed = [(s, p) for s, p in steps if not retained(s, [x for x, _ in steps], keep, keep_every)
+              and p.name != latest]
+    if doomed:
+        newest_valid = next((p for _, p in steps if verify(p) is None), None)
+        for _, path in doomed:
+            if path != newest_valid:
+                shutil.rmtree(path, ignore_errors=True)
+
+
+def find_latest(root: Path) -> tuple[Checkpoint | None, list[str]]:
+    """The newest checkpoint under `root` whose manifest verifies, and a note for every newer one skipped.
+
+    Normally that is the one LATEST names; a checkpoint renamed into place just before a crash, LATEST not
+    yet rewritten, is complete and verified, so it is used too.
+    """
+    skipped: list[str] = []
+    for step, path in _steps(root) if root.is_dir() else []:
+        problem = verify(path)
+        if problem is None:
+            return Checkpoint(path, step), skipped
+        skipped.append(f"checkpoint {path.name} skipped: {problem}")
+    return None, skipped
+
+
+def require(path: Path) -> Checkpoint:
+    """A specific checkpoint directory, verified (for `tempering eval` / `export`)."""
+    problem = verify(path)
+    if problem:
+        raise CheckpointError(f"checkpoint '{path}' is not usable: {problem}")
+    try:
+        step = json.loads((path / "trainer_state.json").read_text())["step"]
+    except (OSError, ValueError, KeyError):
+        step = -1
+    return Checkpoint(path, step)

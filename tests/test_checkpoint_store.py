@@ -1,0 +1,215 @@
+"""Checkpoints beyond the local disk: retention, the asynchronous saver, the fsspec mirror (memory:// and a
+real S3-compatible server on loopback), resume from the newest valid copy, SIGTERM, export."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from tempering import checkpoint as ckpt
+from tempering.errors import CheckpointError
+from tests.test_checkpoint import parts  # noqa: F401  (fixture)
+from tests.test_e2e import ROOT, metrics, stable, tempering
+
+
+def snap(step, parts):  # noqa: F811
+    model, tokenizer, opt, sched = parts
+    return ckpt.snapshot(step, model=model, tokenizer=tokenizer, optimizer=opt, scheduler=sched,
+                         trainer_state={"sampler": {"epoch": 0, "position": step}}, config_yaml="a: 1\n")
+
+
+def test_retention_keeps_the_last_k_plus_every_mth(tmp_path, parts):  # noqa: F811
+    saver = ckpt.Saver(tmp_path, keep=2, keep_every=4, asynchronous=False)
+    for step in range(1, 11):
+        saver.save(snap(step, parts))
+    saver.close()
+    assert sorted(p.name for p in tmp_path.glob("step_*")) == ["step_000004", "step_000008", "step_000009",
+                                                                "step_000010"]
+    assert ckpt.retained(10, [10, 9, 8], keep=1, keep_every=None) and not ckpt.retained(9, [10, 9], 1, None)
+
+
+def test_async_saver_writes_a_snapshot_of_the_moment_it_was_taken(tmp_path, parts):  # noqa: F811
+    model = parts[0]
+    saver = ckpt.Saver(tmp_path, keep=3)
+    saver.save(snap(1, parts))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with torch.no_grad():
+        for p in model.parameters():  # training goes on while the save is written
+            p.add_(1.0)
+    saver.close()
+    saved = AutoModelForCausalLM.from_pretrained(tmp_path / "step_000001" / "model")
+    for k, v in saved.state_dict().items():
+        torch.testing.assert_close(v, before[k])
+    assert json.loads((tmp_path / "step_000001" / "trainer_state.json").read_text())["tempering_version"]
+
+
+def test_memory_mirror_resumes_when_the_local_copy_is_gone(tmp_path, parts):  # noqa: F811
+    remote = ckpt.RemoteStore("memory://runs/a", retries=1, backoff_s=0.01)
+    saver = ckpt.Saver(tmp_path / "local", keep=2, remote=remote)
+    for step in (1, 2, 3):
+        saver.save(snap(step, parts))
+    saver.close()
+    assert remote.steps() == [3, 2]
+    for p in (tmp_path / "local").glob("step_*"):
+        import shutil
+
+        shutil.rmtree(p)
+    got = ckpt.resume_point(tmp_path / "local", remote, log=lambda m: None)
+    assert got.step == 3 and ckpt.verify(got.path) is None
+
+
+def test_a_partial_or_corrupt_remote_checkpoint_is_named_and_skipped(tmp_path, parts):  # noqa: F811
+    remote = ckpt.RemoteStore("memory://runs/b", retries=0, backoff_s=0.01)
+    saver = ckpt.Saver(tmp_path / "local", keep=5, remote=remote, asynchronous=False)
+    for step in (1, 2):
+        saver.save(snap(step, parts))
+    saver.close()
+    remote.fs.pipe_file(remote._path("step_000002", "optimizer.pt"), b"garbage")   # corrupt
+    remote.fs.pipe_file(remote._path("step_000003", "rng.pt"), b"half an upload")   # partial: no manifest
+    notes = []
+    got = ckpt.resume_point(tmp_path / "empty", remote, log=notes.append)
+    assert got.step == 1
+    assert any("step_000003" in n and "MANIFEST" in n for n in notes)
+    assert any("step_000002" in n and "optimizer.pt" in n for n in notes)
+
+
+class Flaky:
+    """Wraps an fsspec filesystem: the first `failures` writes raise, as during a storage outage."""
+
+    def __init__(self, fs, failures):
+        self.fs, self.failures = fs, failures
+
+    def __getattr__(self, name):
+        attr = getattr(self.fs, name)
+        if name not in ("put_file", "pipe_file"):
+            return attr
+
+        def call(*a, **kw):
+            if self.failures > 0:
+                self.failures -= 1
+                raise ConnectionError("storage is down")
+            return attr(*a, **kw)
+
+        return call
+
+
+def test_a_storage_outage_is_reported_training_continues_and_the_next_save_uploads(tmp_path, parts):  # noqa: F811
+    remote = ckpt.RemoteStore("memory://runs/c", retries=1, backoff_s=0.01)
+    remote.fs = Flaky(remote.fs, failures=2)
+    saver = ckpt.Saver(tmp_path, keep=3, remote=remote, log=lambda m: None)
+    saver.save(snap(1, parts))
+    saver.wait()
+    deadline = time.monotonic() + 10
+    while not saver.errors and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert saver.errors and "kept locally" in saver.errors[0]
+    assert ckpt.verify(tmp_path / "step_000001") is None  # the local copy is intact
+    saver.save(snap(2, parts))
+    saver.close()
+    assert remote.steps()[0] == 2 and remote.has_manifest(2)
+
+
+def test_remote_store_errors_name_the_uri():
+    with pytest.raises(CheckpointError, match="nosuchproto://x"):
+        ckpt.RemoteStore("nosuchproto://x")
+
+
+# ------------------------------------------------------------------------------ end to end (slow)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def s3_server():
+    """A real S3-compatible server (moto) on loopback, started and stopped here."""
+    moto_server = pytest.importorskip("moto.server")
+    s3fs = pytest.importorskip("s3fs")
+    port = free_port()
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    endpoint = f"http://127.0.0.1:{port}"
+    fs = s3fs.S3FileSystem(key="test", secret="test", endpoint_url=endpoint)
+    fs.mkdir("tempering-ckpt")
+    yield endpoint
+    server.stop()
+
+
+def s3_overrides(endpoint, prefix):
+    return [f"checkpoint.uri=s3://tempering-ckpt/{prefix}", f"checkpoint.storage.endpoint_url={endpoint}",
+            "checkpoint.storage.key=test", "checkpoint.storage.secret=test", "checkpoint.storage.region=us-east-1"]
+
+
+@pytest.mark.slow
+@pytest.mark.s3
+def test_s3_mirror_and_resume_from_s3_after_losing_the_disk(s3_server, tmp_path):
+    reference = tmp_path / "ref"
+    tempering("train", "configs/smoke.yaml", f"run.dir={reference}")
+    run_dir = tmp_path / "s3run"
+    extra = s3_overrides(s3_server, "run1")
+    proc = subprocess.Popen([sys.executable, "-m", "tempering.cli", "train", "configs/smoke.yaml",
+                             f"run.dir={run_dir}", *extra], cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    import s3fs
+
+    fs = s3fs.S3FileSystem(key="test", secret="test", endpoint_url=s3_server)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        fs.invalidate_cache()
+        if fs.exists("tempering-ckpt/run1/step_000004/MANIFEST.json"):
+            break
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    import shutil
+
+    shutil.rmtree(run_dir / "checkpoints")  # the machine's disk is gone; only the bucket is left
+    out = tempering("train", "configs/smoke.yaml", f"run.dir={run_dir}", *extra)
+    assert "downloaded step_00000" in out.stdout + out.stderr
+    assert stable(metrics(run_dir)) == stable(metrics(reference))
+
+
+@pytest.mark.slow
+def test_sigterm_saves_exits_zero_and_the_same_command_resumes(tmp_path):
+    reference = tmp_path / "ref"
+    tempering("train", "configs/smoke.yaml", f"run.dir={reference}")
+    run_dir = tmp_path / "preempted"
+    proc = subprocess.Popen([sys.executable, "-m", "tempering.cli", "train", "configs/smoke.yaml",
+                             f"run.dir={run_dir}"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
+    rows = run_dir / "metrics.jsonl"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        if rows.is_file() and len(rows.read_text().splitlines()) >= 3:
+            break
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0 and "preempted" in err
+    done = len(metrics(run_dir))
+    assert (run_dir / "checkpoints" / f"step_{done:06d}").is_dir()  # saved at the step it stopped after
+    assert not (run_dir / "summary.json").exists()
+    tempering("train", "configs/smoke.yaml", f"run.dir={run_dir}")
+    assert stable(metrics(run_dir)) == stable(metrics(reference))
+
+
+@pytest.mark.slow
+def test_export_writes_a_plain_hf_directory(tmp_path):
+    run_dir = tmp_path / "run"
+    tempering("train", "configs/smoke.yaml", f"run.dir={run_dir}", "train.steps=2", "eval.every=0")
+    out = tmp_path / "exported"
+    tempering("export", run_dir / "checkpoints" / "step_000002", "--to", out)
+    model = AutoModelForCausalLM.from_pretrained(out)
+    assert model.num_parameters() > 0 and (out / "tokenizer.json").is_file()
+    bad = tempering("export", tmp_path / "nope", "--to", tmp_path / "x", check=False)
+    assert bad.returncode == 2 and "nope" in bad.stderr
