@@ -62,7 +62,7 @@ def one_run(i: int, out: Path, extra: list[str], remote_for, duration: float, rn
     run_dir = out / f"run{i:02d}"
     shutil.rmtree(run_dir, ignore_errors=True)
     remote = remote_for(i)
-    kills, during_save, lost = 0, 0, []
+    kills, during_save, lost, disk_lost = 0, 0, [], 0
     mode = ["random", "in-save", "random"][i % 3]
     for attempt in range(12):
         proc = subprocess.Popen(command(run_dir, extra(i)), cwd=ROOT, stdout=subprocess.DEVNULL,
@@ -86,10 +86,11 @@ def one_run(i: int, out: Path, extra: list[str], remote_for, duration: float, rn
             return {"run": i, "error": f"exit status {proc.returncode}", "kills": kills}
         if killed and remote is not None and rng.random() < 0.5:
             shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # the disk is lost: resume from S3
+            disk_lost += 1
         if (run_dir / "summary.json").is_file():
             break
     return {"run": i, "done": (run_dir / "summary.json").is_file(), "kills": kills, "during_save": during_save,
-            "lost": lost, "rows": stable(rows(run_dir))}
+            "lost": lost, "disk_lost": disk_lost, "rows": stable(rows(run_dir))}
 
 
 def main() -> None:
@@ -108,6 +109,8 @@ def main() -> None:
     extra = lambda i: []  # noqa: E731
     remote_for = lambda i: None  # noqa: E731
     if args.s3:
+        import logging
+
         import s3fs
         from moto.server import ThreadedMotoServer
 
@@ -116,6 +119,7 @@ def main() -> None:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)  # the server's request log
         server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
         server.start()
         endpoint = f"http://127.0.0.1:{port}"
@@ -130,7 +134,7 @@ def main() -> None:
 
     began = time.monotonic()
     ref_dir = out / "reference"
-    subprocess.run(command(ref_dir, []), cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(command(ref_dir, []), cwd=ROOT, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     duration = time.monotonic() - began
     reference = stable(rows(ref_dir))
     lock = threading.Lock()
@@ -158,6 +162,9 @@ def main() -> None:
     print(f"completed: {done}/{args.runs}   metrics identical to the uninterrupted run: {identical}/{args.runs}")
     print(f"SIGKILLs: {kills} ({in_save} while a checkpoint was being written)   most steps lost by a kill: "
           f"{max_lost} (checkpoint interval 2)   wall time {time.monotonic() - began:.0f} s")
+    if args.s3:
+        print(f"resumes after the local checkpoints were deleted (so from S3): "
+              f"{sum(r.get('disk_lost', 0) for r in results)}")
 
 
 if __name__ == "__main__":

@@ -85,9 +85,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--out", default="runs/s3_outage")
     args = parser.parse_args()
+    import logging
+
     import s3fs
     from moto.server import ThreadedMotoServer
 
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # the server's request log
     moto_port, proxy_port = free_port(), free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=moto_port, verbose=False)
     server.start()

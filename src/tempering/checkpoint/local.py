@@ -148,7 +148,8 @@ def snapshot(step: int, *, model: torch.nn.Module, tokenizer: Any, optimizer: to
     )
 
 
-def write_snapshot(root: Path, snap: Snapshot, *, keep: int = 2, keep_every: int | None = None) -> Checkpoint:
+def write_snapshot(root: Path, snap: Snapshot, *, keep: int = 2, keep_every: int | None = None,
+                   protect: frozenset[str] = frozenset()) -> Checkpoint:
     """Write checkpoint `snap.step` under `root` atomically, point LATEST at it, prune old ones."""
     root.mkdir(parents=True, exist_ok=True)
     name = checkpoint_name(snap.step)
@@ -170,7 +171,7 @@ def write_snapshot(root: Path, snap: Snapshot, *, keep: int = 2, keep_every: int
         shutil.rmtree(final)
     os.replace(tmp, final)
     _write_atomic(root / LATEST, name + "\n")
-    prune(root, keep, keep_every)
+    prune(root, keep, keep_every, protect)
     return Checkpoint(final, snap.step)
 
 
@@ -210,15 +211,15 @@ def _steps(root: Path) -> list[tuple[int, Path]]:
     return sorted(found, reverse=True)
 
 
-def prune(root: Path, keep: int, keep_every: int | None = None) -> None:
+def prune(root: Path, keep: int, keep_every: int | None = None, protect: frozenset[str] = frozenset()) -> None:
     """Keep the newest `keep` checkpoints plus every `keep_every`-th step; never delete the one LATEST
-    names, nor the newest one that verifies."""
+    names, the newest one that verifies, or those in `protect` (e.g. one being uploaded)."""
     from tempering.checkpoint.remote import retained
 
     latest = (root / LATEST).read_text().strip() if (root / LATEST).is_file() else None
     steps = _steps(root)
     doomed = [(s, p) for s, p in steps if not retained(s, [x for x, _ in steps], keep, keep_every)
-              and p.name != latest]
+              and p.name != latest and p.name not in protect]
     if doomed:
         newest_valid = next((p for _, p in steps if verify(p) is None), None)
         for _, path in doomed:

@@ -78,8 +78,13 @@ class RemoteStore:
         self.fs.invalidate_cache()
 
     def prune(self, keep: int, keep_every: int | None, protect: int | None) -> None:
-        for step in self.steps():
-            if not retained(step, self.steps(), keep, keep_every) and step != protect:
+        """Retention over the complete checkpoints; an incomplete one (an upload cut short, no manifest)
+        older than `protect` is deleted too."""
+        steps = self.steps()
+        complete = [s for s in steps if self.has_manifest(s)]
+        for step in steps:
+            partial = step not in complete and protect is not None and step < protect
+            if (partial or (step in complete and not retained(step, complete, keep, keep_every))) and step != protect:
                 self.retry(f"deleting {checkpoint_name(step)}",
                            lambda s=step: self.fs.rm(self._path(checkpoint_name(s)), recursive=True))
         self.fs.invalidate_cache()

@@ -31,6 +31,7 @@ class Saver:
         self._closed = False
         self._upload_wanted = threading.Event()
         self._uploaded: set[str] = set()
+        self._uploading: str | None = None  # pinned: local retention must not delete it mid-upload
         self._writer = threading.Thread(target=self._write_loop, name="checkpoint-writer", daemon=True)
         self._uploader = threading.Thread(target=self._upload_loop, name="checkpoint-uploader", daemon=True)
         if asynchronous:
@@ -75,7 +76,8 @@ class Saver:
 
     def _write(self, snap: Snapshot) -> Checkpoint | None:
         try:
-            ckpt = write_snapshot(self.root, snap, keep=self.keep, keep_every=self.keep_every)
+            pinned = frozenset([self._uploading] if self._uploading else [])
+            ckpt = write_snapshot(self.root, snap, keep=self.keep, keep_every=self.keep_every, protect=pinned)
         except Exception as e:  # a full disk must not kill the run: report, keep training
             self.errors.append(f"saving step {snap.step} failed: {type(e).__name__}: {e}")
             self.log(f"[red]{self.errors[-1]}[/]")
@@ -97,13 +99,16 @@ class Saver:
         latest, _ = find_latest(self.root)
         if latest is None or latest.path.name in self._uploaded:
             return
+        self._uploading = latest.path.name
         try:
             self.remote.upload(latest.path)
-            self.remote.prune(self.keep, self.keep_every, protect=latest.step)
             self._uploaded.add(latest.path.name)
+            self.remote.prune(self.keep, self.keep_every, protect=latest.step)
         except CheckpointError as e:
             self.errors.append(f"{e}; the checkpoint is kept locally and the upload retried with the next save")
             self.log(f"[yellow]{self.errors[-1]}[/]")
+        finally:
+            self._uploading = None
 
     # ---------------------------------------------------------------------------------- closing
 
