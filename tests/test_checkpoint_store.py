@@ -213,3 +213,26 @@ def test_export_writes_a_plain_hf_directory(tmp_path):
     assert model.num_parameters() > 0 and (out / "tokenizer.json").is_file()
     bad = tempering("export", tmp_path / "nope", "--to", tmp_path / "x", check=False)
     assert bad.returncode == 2 and "nope" in bad.stderr
+
+
+@pytest.mark.slow
+def test_resume_across_an_epoch_boundary_is_exact(tmp_path):
+    # 20 training tasks, 4 per step: an epoch every 5 steps; killed after checkpoint 6, i.e. in epoch 2.
+    extra = ["data.num_train=20", "train.steps=9", "checkpoint.every=3", "eval.every=0"]
+    reference = tmp_path / "ref"
+    tempering("train", "configs/smoke.yaml", f"run.dir={reference}", *extra)
+    run_dir = tmp_path / "killed"
+    proc = subprocess.Popen([sys.executable, "-m", "tempering.cli", "train", "configs/smoke.yaml", f"run.dir={run_dir}",
+                             *extra], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    latest = run_dir / "checkpoints" / "LATEST"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        if latest.is_file() and latest.read_text().strip() == "step_000006":
+            break
+        time.sleep(0.005)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    state = json.loads((run_dir / "checkpoints" / "step_000006" / "trainer_state.json").read_text())
+    assert state["sampler"]["epoch"] == 1  # the checkpoint is past the first epoch boundary
+    tempering("train", "configs/smoke.yaml", f"run.dir={run_dir}", *extra)
+    assert stable(metrics(run_dir)) == stable(metrics(reference))

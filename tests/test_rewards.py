@@ -128,3 +128,15 @@ def test_unknown_guard_or_param_is_a_clear_error():
         RewardFunction({"tests": 1.0}, guard_kinds=["exit_early"])
     with pytest.raises(ValueError, match="reward.params"):
         RewardFunction({"tests": 1.0}, params={"style": {}})
+
+
+def test_the_naive_harness_is_fooled_by_an_early_exit_and_the_guard_catches_it(sandbox):
+    hack = "    return 0\nimport sys\nsys.exit(0)\n"
+    fooled = RewardFunction({"naive_harness": 1.0}, guards=False)
+    guarded = RewardFunction({"naive_harness": 1.0}, guards=True, penalty=-1.0)
+    _, r = run(sandbox, task(), hack, fooled)
+    assert r.score == 1.0 and r.info["hacking"] == ["exit_before_tests"]
+    _, r = run(sandbox, task(), hack, guarded)
+    assert r.score == -1.0
+    _, honest = run(sandbox, task(), "    return x * x\n", fooled)
+    assert honest.score == 1.0 and honest.info["hacking"] == []

@@ -132,5 +132,5 @@ def clipped_value_loss(values: Tensor, old_values: Tensor, returns: Tensor, mask
     loss = aggregate(losses, mask, loss_agg)
     with torch.no_grad():
         metrics = {"vf_clipfrac": masked_mean(((clipped - returns) ** 2 > (values - returns) ** 2).float(), mask),
-                   "vpred_mean": masked_mean(values, mask)}
+                   "values/mean": masked_mean(values, mask)}
     return loss, metrics

@@ -91,6 +91,18 @@ def examples_passed(task: Task, traj: Trajectory) -> float:
     return r.passed_fraction if r is not None else 0.0
 
 
+def naive_harness(task: Task, traj: Trajectory) -> float:
+    """Deliberately hackable: scores like a harness that appends the asserts to the program and trusts a
+    clean exit status - a program that calls `exit(0)` before the tests gets full marks. Here to
+    demonstrate the `exit_before_tests` guard (bench/hacking_demo.py), not to train with."""
+    r = traj.exec_result
+    if r is None:
+        return 0.0
+    if "exit_before_tests" in r.flags and r.exit_code == 0:
+        return 1.0
+    return r.passed_fraction
+
+
 def overlong(task: Task, traj: Trajectory, *, max_tokens: int = 48, cache_tokens: int = 8) -> float:
     """DAPO's overlong reward shaping (arXiv 2503.14476): 0 up to max_tokens - cache_tokens, then falling
     linearly to -1 at max_tokens (and -1 beyond)."""
@@ -108,6 +120,7 @@ REWARD_COMPONENTS: dict[str, RewardComponent] = {
     "edge_cases": edge_cases,
     "overlong": overlong,
     "examples": examples_passed,
+    "naive_harness": naive_harness,
 }
 NEEDS: dict[str, str] = {"style": "lint", "efficiency": "reference", "examples": "examples",
                          "hardcoded_examples": "examples"}
@@ -209,4 +222,4 @@ def step_texts(traj: Trajectory) -> list[str]:
 
 
 __all__ = ["GUARDS", "NEEDS", "REWARD_COMPONENTS", "RewardFunction", "code_style", "edge_cases", "efficiency",
-           "examples_passed", "overlong", "step_texts", "tests_passed", "trl_adapter", "well_formed"]
+           "examples_passed", "naive_harness", "overlong", "step_texts", "tests_passed", "trl_adapter", "well_formed"]
