@@ -2,16 +2,11 @@
 adaptive KL (their state is in the checkpoint)."""
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 
 import pytest
 import yaml
 
-from tests.test_e2e import ROOT, metrics, stable, tempering
+from tests.test_e2e import ROOT, kill_after_checkpoint, metrics, stable, tempering
 
 ALGOS = ["grpo", "dr_grpo", "rloo", "reinforce_pp", "ppo_gae", "dapo"]
 
@@ -62,17 +57,7 @@ def test_resume_with_a_critic_and_adaptive_kl_is_exact(tmp_path):
     reference = tmp_path / "ref"
     tempering("train", "configs/smoke.yaml", f"run.dir={reference}", *extra)
     run_dir = tmp_path / "killed"
-    proc = subprocess.Popen([sys.executable, "-m", "tempering.cli", "train", "configs/smoke.yaml", f"run.dir={run_dir}",
-                             *extra], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    latest = run_dir / "checkpoints" / "LATEST"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and proc.poll() is None:
-        if latest.is_file() and latest.read_text().strip() == "step_000002":
-            break
-        time.sleep(0.01)
-    assert proc.poll() is None, "the run ended before it could be killed"
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    kill_after_checkpoint(run_dir, 2, *extra)
     tempering("train", "configs/smoke.yaml", f"run.dir={run_dir}", *extra)
     rows, ref = stable(metrics(run_dir)), stable(metrics(reference))
     assert rows == ref

@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM
 from tempering import checkpoint as ckpt
 from tempering.errors import CheckpointError
 from tests.test_checkpoint import parts  # noqa: F401  (fixture)
-from tests.test_e2e import ROOT, metrics, stable, tempering
+from tests.test_e2e import ROOT, kill_after_checkpoint, metrics, stable, tempering
 
 
 def snap(step, parts):  # noqa: F811
@@ -222,16 +222,7 @@ def test_resume_across_an_epoch_boundary_is_exact(tmp_path):
     reference = tmp_path / "ref"
     tempering("train", "configs/smoke.yaml", f"run.dir={reference}", *extra)
     run_dir = tmp_path / "killed"
-    proc = subprocess.Popen([sys.executable, "-m", "tempering.cli", "train", "configs/smoke.yaml", f"run.dir={run_dir}",
-                             *extra], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    latest = run_dir / "checkpoints" / "LATEST"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and proc.poll() is None:
-        if latest.is_file() and latest.read_text().strip() == "step_000006":
-            break
-        time.sleep(0.005)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    kill_after_checkpoint(run_dir, 6, *extra)
     state = json.loads((run_dir / "checkpoints" / "step_000006" / "trainer_state.json").read_text())
     assert state["sampler"]["epoch"] == 1  # the checkpoint is past the first epoch boundary
     tempering("train", "configs/smoke.yaml", f"run.dir={run_dir}", *extra)

@@ -22,6 +22,22 @@ def tempering(*args, check=True, **kw):
     return proc
 
 
+def kill_after_checkpoint(run_dir, step, *overrides):
+    """Start `tempering train` on the smoke recipe and SIGKILL it as soon as checkpoint `step` is LATEST."""
+    proc = subprocess.Popen([sys.executable, "-m", "tempering.cli", "train", "configs/smoke.yaml",
+                             f"run.dir={run_dir}", *overrides], cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    latest = run_dir / "checkpoints" / "LATEST"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        if latest.is_file() and latest.read_text().strip() == f"step_{step:06d}":
+            break
+        time.sleep(0.005)
+    assert proc.poll() is None, "the run ended before it could be killed"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
 def stable(rows):
     return [{k: v for k, v in r.items() if not k.startswith(VOLATILE)} for r in rows]
 
@@ -73,17 +89,7 @@ def test_rl_changes_the_policy(smoke_run):
 def test_sigkill_after_a_checkpoint_then_resume_gives_identical_metrics(smoke_run, tmp_path):
     """The uninterrupted smoke run is the reference; a second run is SIGKILLed right after checkpoint 2."""
     run_dir = tmp_path / "killed"
-    proc = subprocess.Popen([sys.executable, "-m", "tempering.cli", "train", "configs/smoke.yaml",
-                             f"run.dir={run_dir}"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    latest = run_dir / "checkpoints" / "LATEST"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and proc.poll() is None:
-        if latest.is_file() and latest.read_text().strip() == "step_000002":
-            break
-        time.sleep(0.01)
-    assert proc.poll() is None, "the run ended before it could be killed"
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    kill_after_checkpoint(run_dir, 2)
     assert not (run_dir / "summary.json").exists()
     tempering("train", "configs/smoke.yaml", f"run.dir={run_dir}")
     assert stable(metrics(run_dir)) == stable(metrics(smoke_run))
