@@ -425,7 +425,7 @@ def run_checker(secret, fds, scratch, req):
         for i, test_code in enumerate(secret["tests"]):
             namespace = {"__name__": "__check__"}
             try:
-                exec(compile(secret.get("prelude", "") + "\n" + test_code, "test.py", "exec"), namespace)
+                exec(compile(test_code, "test.py", "exec"), namespace)
                 # HumanEval's tests may call the function by its own name (they ran in the program's
                 # namespace there): that name is the candidate too.
                 if req.get("entry_point"):
