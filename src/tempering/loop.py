@@ -212,20 +212,18 @@ class RLTrainer:
                 rewards = self.reward_fn.batch(trajectories)
             batch = collate(gen, trajectories, rewards, group_offset=round_ * ro.prompts_per_step,
                             tokenizer=self.tokenizer)
-            rows = list(range(len(trajectories)))
-            if cfg.algo.dynamic_sampling:
-                _, std, _ = group_mean_std(batch.rewards, batch.group_ids)
-                informative = [i for i in rows if std[i] > 0]
-                groups = sorted({int(batch.group_ids[i]) for i in informative})[: ro.prompts_per_step - kept_groups]
-                rows = [i for i in informative if int(batch.group_ids[i]) in set(groups)]
-                dropped += ro.prompts_per_step - len({int(batch.group_ids[i]) for i in informative})
-                kept_groups += len(groups)
+            if not cfg.algo.dynamic_sampling:
+                return batch, trajectories, rewards, gen.truncated, {}
+            _, std, _ = group_mean_std(batch.rewards, batch.group_ids)
+            informative = [i for i in range(len(trajectories)) if std[i] > 0]
+            groups = set(sorted({int(batch.group_ids[i]) for i in informative})[: ro.prompts_per_step - kept_groups])
+            rows = [i for i in informative if int(batch.group_ids[i]) in groups]
+            dropped += ro.prompts_per_step - len({int(batch.group_ids[i]) for i in informative})
+            kept_groups += len(groups)
             parts.append((batch.select(torch.tensor(rows, dtype=torch.long)), [trajectories[i] for i in rows],
                           [rewards[i] for i in rows], gen.truncated[rows]))
             if kept_groups >= ro.prompts_per_step:
                 break
-        if not cfg.algo.dynamic_sampling:
-            return (*parts[0], {})
         parts = [p for p in parts if len(p[1])] or parts[:1]
         batch = concat_batches([p[0] for p in parts])
         extra = {"dapo/kept_groups": kept_groups, "dapo/dropped_groups": dropped, "dapo/rounds": round_ + 1}

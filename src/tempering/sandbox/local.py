@@ -255,7 +255,8 @@ class LocalSandbox(Sandbox):
 
     def protections(self):
         """What this sandbox's workers are protected by (see `tempering sandbox doctor`)."""
-        return self.isolation.protections(next_worker_uid())
+        workers = list(self._idle.queue)
+        return self.isolation.protections(workers[0].uid if workers else next_worker_uid())
 
     # --------------------------------------------------------------------------------- execution
 
