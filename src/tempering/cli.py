@@ -36,10 +36,11 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_sft(args: argparse.Namespace) -> int:
-    from tempering.pipeline import base_model_dir, prepare, sft_stage
+    from tempering.pipeline import base_model_dir, make_sandbox, prepare, sft_stage
 
     ws = prepare(_config(args))
-    out = sft_stage(ws, base_model_dir(ws))
+    with make_sandbox(ws.cfg) as sandbox:  # episodes' SFT transcripts execute code (repair feedback)
+        out = sft_stage(ws, base_model_dir(ws, sandbox), sandbox)
     ws.log(f"SFT model: {out}")
     return 0
 
@@ -92,7 +93,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from tempering.data import load_tasks
-    from tempering.eval.evaluate import evaluate
+    from tempering.envs import EnvContext
+    from tempering.eval.evaluate import evaluate, evaluate_episodes
     from tempering.models.loading import check_model_dir, load_model, load_tokenizer
     from tempering.sandbox import LocalSandbox
 
@@ -108,15 +110,22 @@ def cmd_eval(args: argparse.Namespace) -> int:
     model = load_model(model_dir)
     tokenizer = load_tokenizer(model_dir)
     with LocalSandbox(workers=2) as sandbox:
-        report = evaluate(model, tokenizer, tasks, sandbox, samples=args.samples, ks=ks,
-                          temperature=args.temperature, greedy=args.greedy, max_new_tokens=args.max_new_tokens,
-                          seed=args.seed)
+        if args.turns > 1 or any(t.env != "code" for t in tasks):
+            # Episodes: success of the final attempt (pass@1) and of the first (first_turn_pass@1).
+            report = evaluate_episodes(model, tokenizer, tasks, EnvContext(sandbox, max_turns=args.turns),
+                                       samples=args.samples, temperature=args.temperature, greedy=args.greedy,
+                                       max_new_tokens=args.max_new_tokens, max_context=args.max_context,
+                                       seed=args.seed)
+        else:
+            report = evaluate(model, tokenizer, tasks, sandbox, samples=args.samples, ks=ks,
+                              temperature=args.temperature, greedy=args.greedy, max_new_tokens=args.max_new_tokens,
+                              seed=args.seed)
     console = Console()
     table = Table(title=f"{model_dir}  ({report.num_tasks} tasks, "
                         f"{'greedy' if args.greedy else f'{report.samples} samples at T={args.temperature}'})")
     table.add_column("domain")
     table.add_column("tasks", justify="right")
-    metric_names = list(report.overall)
+    metric_names = [n for n in report.overall if all(n in s for s in report.per_domain.values())]
     for name in metric_names:
         table.add_column(name, justify="right")
     for domain, scores in report.per_domain.items():
@@ -132,9 +141,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_data_generate(args: argparse.Namespace) -> int:
-    from tempering.data import generate_tasks, save_tasks
+    from tempering.config import build_config
+    from tempering.data import save_tasks
+    from tempering.pipeline import builtin_tasks
 
-    train, heldout = generate_tasks(args.num_train, args.num_heldout, args.seed)
+    cfg = build_config({"data": {"generator": args.generator, "num_train": args.num_train,
+                                 "num_heldout": args.num_heldout, "seed": args.seed}})
+    train, heldout = builtin_tasks(cfg)
     out = Path(args.out)
     save_tasks(train, out / "train.jsonl")
     save_tasks(heldout, out / "heldout.jsonl")
@@ -240,6 +253,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--greedy", action="store_true", help="greedy decoding (one sample)")
     p.add_argument("--max-new-tokens", type=int, default=48)
+    p.add_argument("--turns", type=int, default=1, help="attempts per episode, with feedback between them")
+    p.add_argument("--max-context", type=int, default=1024, help="episodes: context budget in tokens")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", help="write the report as JSON here")
@@ -251,6 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-train", type=int, default=20000)
     p.add_argument("--num-heldout", type=int, default=512)
     p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--generator", default="code", choices=["code", "tools", "answer", "reasoning_gym"])
     p.set_defaults(fn=cmd_data_generate)
 
     sandbox = sub.add_parser("sandbox", help="sandboxed execution").add_subparsers(dest="sandbox_command",

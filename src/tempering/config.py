@@ -65,6 +65,20 @@ class DataSection(Section):
     sft_fraction: float = Field(1.0, gt=0.0, le=1.0)
     """Share of training functions whose reference solutions SFT uses; RL trains on the other functions
     (disjoint). 1.0 = SFT and RL both use every training task."""
+    generator: Literal["code", "tools", "answer", "reasoning_gym"] = "code"
+    """Built-in task source: code (function synthesis), tools (simulated APIs), answer (arithmetic,
+    Countdown), reasoning_gym (the `reasoning-gym` package's task families, one domain each)."""
+    gym_datasets: list[str] | None = None
+    """reasoning_gym: datasets to use (None = every one, ~100)."""
+    gym_config: dict[str, dict[str, Any]] = {}
+    """reasoning_gym: keyword arguments per dataset, e.g. {basic_arithmetic: {max_terms: 2}}."""
+    gym_heldout_per_domain: int = 4
+    """reasoning_gym: held-out tasks per dataset (num_train is split evenly over the datasets)."""
+    gym_max_prompt_chars: int = 2000
+    """reasoning_gym: skip questions longer than this (a small model's context); 2000 keeps ~100 datasets."""
+    mixture: dict[str, float] | None = None
+    """Weight of each domain when sampling RL tasks (`*` = every unlisted domain); None = uniform over
+    tasks. The mixture's position is part of every checkpoint."""
 
 
 class SFTSection(Section):
@@ -80,6 +94,9 @@ class SFTSection(Section):
     """Learning-rate shape after warm-up."""
     weight_decay: float = 0.0
     """AdamW weight decay."""
+    repair_fraction: float = Field(0.0, ge=0.0, le=1.0)
+    """Episodes: share of code SFT examples given as a repair transcript (a near-miss wrong attempt, its
+    real feedback, then the reference; trained on the reference only)."""
 
 
 class RolloutSection(Section):
@@ -93,6 +110,26 @@ class RolloutSection(Section):
     """Nucleus sampling threshold (1.0 = off)."""
     max_new_tokens: int = 48
     """Longest completion; longer ones are cut and marked truncated."""
+
+
+class EnvSection(Section):
+    max_turns: int = Field(1, ge=1)
+    """Actions per episode: more than 1 feeds execution results back and lets the model revise."""
+    episodes: bool | None = None
+    """Run RL through the environment / multi-turn driver. None = when max_turns > 1 or a task's env is
+    not `code`; single-turn code tasks otherwise use the code rollout with `reward.weights`."""
+    max_context: int = 1024
+    """Context budget of an episode in tokens (prompt, actions and observations); reaching it ends the
+    episode, marked truncated."""
+    feedback_chars: int = 400
+    """Longest observation text (feedback, tool output); longer is cut to its head and tail."""
+    weights: dict[str, float] = {}
+    """Weights of environment reward components (default: each environment's own, e.g. code: tests 1.0,
+    improvement 0.2, hacking -1.0; tool: success 1.0, tool_error -0.1)."""
+    options: dict[str, Any] = {}
+    """Environment options, e.g. {flaky_failure_rate: 0.5, flaky_max_failures: 2}."""
+    chat_format: Literal["auto", "plain", "template"] = "auto"
+    """How turns become tokens: the tokenizer's chat template, or plain text (the tiny model); auto picks."""
 
 
 class CriticSection(Section):
@@ -260,6 +297,7 @@ class RunConfig(Section):
     data: DataSection = DataSection()
     sft: SFTSection = SFTSection()
     rollout: RolloutSection = RolloutSection()
+    env: EnvSection = EnvSection()
     algo: AlgoSection = AlgoSection()
     reward: RewardSection = RewardSection()
     sandbox: SandboxSection = SandboxSection()

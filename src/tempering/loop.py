@@ -30,13 +30,15 @@ from tempering.algos import (
     masked_whiten,
 )
 from tempering.config import RunConfig
-from tempering.data import TaskSampler
+from tempering.data import MixtureSampler, TaskSampler
+from tempering.envs import EnvContext
 from tempering.errors import Preempted
-from tempering.eval.evaluate import evaluate
+from tempering.eval.evaluate import evaluate, evaluate_episodes
 from tempering.models.loading import load_model, load_tokenizer
 from tempering.rewards import GUARDS, RewardFunction
 from tempering.rollout.batch import RolloutBatch, concat_batches
 from tempering.rollout.code import execute, sample
+from tempering.rollout.episodes import Episode, collate_episodes, episode_rewards, run_episodes
 from tempering.rollout.generate import Generation
 from tempering.sandbox import Sandbox
 from tempering.tracking import Tracker
@@ -121,11 +123,55 @@ def rollout_metrics(trajectories: list[Trajectory], rewards: list[RewardResult],
         m[f"reward/{name}/mean"] = sum(r.components[name] for r in rewards) / len(rewards)
     for kind in GUARDS:
         m[f"reward/hacking/{kind}"] = sum(kind in r.info.get("hacking", ()) for r in rewards) / len(rewards)
+    m.update(domain_rewards([t.task.domain for t in trajectories], scores))
     statuses = Counter(t.exec_result.status for t in trajectories)
     for status in EXEC_STATUSES:
         if statuses[status]:
             m[f"sandbox/status/{status}"] = statuses[status] / len(trajectories)
     return m
+
+
+def domain_rewards(domains: list[str], scores: torch.Tensor) -> dict[str, float]:
+    """`reward/<domain>/mean` for every domain in the batch."""
+    by: dict[str, list[float]] = {}
+    for d, r in zip(domains, scores.tolist()):
+        by.setdefault(d, []).append(r)
+    return {f"reward/{d}/mean": sum(v) / len(v) for d, v in sorted(by.items())}
+
+
+def episode_metrics(episodes: list[Episode], rewards: list[RewardResult], batch: RolloutBatch,
+                    truncated: torch.Tensor) -> dict[str, float]:
+    n = len(episodes)
+    scores = torch.tensor([r.score for r in rewards])
+    m = {
+        "reward/mean": float(scores.mean()),
+        "reward/std": float(scores.std()) if n > 1 else 0.0,
+        "train/pass_rate": sum(e.success for e in episodes) / n,
+        "train/first_turn_pass_rate": sum(e.first_success for e in episodes) / n,
+        "num_turns/mean": sum(len(e.turns) for e in episodes) / n,
+        "response_length/mean": float(batch.response_mask.sum(1).mean()),
+        "response_length/clip_ratio": float(truncated.float().mean()),
+        "critic/advantages/mean": float((batch.advantages * batch.response_mask).sum()
+                                        / batch.response_mask.sum().clamp_min(1)),
+    }
+    names = sorted({k for r in rewards for k in r.components})
+    for name in names:
+        m[f"reward/{name}/mean"] = sum(r.components.get(name, 0.0) for r in rewards) / n
+    m.update(domain_rewards([e.task.domain for e in episodes], scores))
+    return m
+
+
+def episode_rows(episodes: list[Episode], rewards: list[RewardResult], batch: RolloutBatch) -> list[dict]:
+    rows = []
+    for i, (e, reward) in enumerate(zip(episodes, rewards)):
+        policy = batch.response_mask[i].nonzero()
+        rows.append({
+            "task_id": e.task.id, "domain": e.task.domain, "group": e.group_id, "prompt": e.task.prompt,
+            "turns": [{"action": t.action, "observation": t.observation, "rewards": t.rewards} for t in e.turns],
+            "truncated": e.truncated, "success": e.success, "reward": reward.score, "components": reward.components,
+            "advantage": float(batch.advantages[i, policy[0, 0]]) if len(policy) else 0.0,
+        })
+    return rows
 
 
 def sample_rows(trajectories: list[Trajectory], rewards: list[RewardResult], batch: RolloutBatch) -> list[dict]:
@@ -178,7 +224,10 @@ class RLTrainer:
             critic_dir = latest.path / "critic" if latest else start_model_dir
             self.critic = Critic.from_pretrained(critic_dir, dtype=cfg.model.dtype, device=cfg.run.device)
             self.critic_optimizer = make_optimizer(self.critic, lr=algo.critic.lr)
-        self.sampler = TaskSampler(train_tasks, seed=cfg.run.seed)
+        self.episodic = is_episodic(cfg, train_tasks)
+        mixture = cfg.data.mixture
+        self.sampler = MixtureSampler(train_tasks, mixture, cfg.run.seed) if mixture else \
+            TaskSampler(train_tasks, seed=cfg.run.seed)
         self.start_step = 0
         if latest is not None:
             state = latest.load_into(self.optimizer, self.scheduler)
@@ -193,6 +242,38 @@ class RLTrainer:
 
     # ------------------------------------------------------------------------------------ one step
 
+    def sample_round(self, step: int, round_: int, sandbox: Sandbox, timer: Timer):
+        """One round of sampling: `prompts_per_step` tasks x `group_size`, executed and rewarded.
+        -> (batch, trajectories or episodes, rewards, truncated (B,))"""
+        cfg, ro = self.cfg, self.cfg.rollout
+        generator = step_generator(cfg.run.seed, step, 0 if round_ == 0 else 10 + round_)
+        offset = round_ * ro.prompts_per_step
+        tasks = self.sampler.next_batch(ro.prompts_per_step)
+        if self.episodic:
+            with timer("gen"):
+                episodes = run_episodes(
+                    self.policy, self.tokenizer, tasks, self.env_context(sandbox), group_size=ro.group_size,
+                    max_new_tokens=ro.max_new_tokens, max_context=cfg.env.max_context, temperature=ro.temperature,
+                    top_p=ro.top_p, generator=generator, seed=step_seed(cfg.run.seed, step, 4 + round_),
+                    chat=cfg.env.chat_format)
+            rewards = episode_rewards(episodes, cfg.env.weights)
+            batch = collate_episodes(episodes, rewards, self.tokenizer.pad_token_id, group_offset=offset)
+            return batch, episodes, rewards, torch.tensor([e.truncated for e in episodes])
+        with timer("gen"):
+            trajectories, gen = sample(
+                self.policy, self.tokenizer, tasks, group_size=ro.group_size, max_new_tokens=ro.max_new_tokens,
+                temperature=ro.temperature, top_p=ro.top_p, generator=generator)
+        with timer("reward"):
+            execute(trajectories, sandbox, self.reward_fn.needs, self.reference_cpu)
+            rewards = self.reward_fn.batch(trajectories)
+        batch = collate(gen, trajectories, rewards, group_offset=offset, tokenizer=self.tokenizer)
+        return batch, trajectories, rewards, gen.truncated
+
+    def env_context(self, sandbox: Sandbox) -> EnvContext:
+        e, r = self.cfg.env, self.cfg.reward
+        options = {"guards": r.guards, "guard_kinds": r.guard_kinds, **e.options}
+        return EnvContext(sandbox=sandbox, max_turns=e.max_turns, feedback_chars=e.feedback_chars, options=options)
+
     def collect(self, step: int, sandbox: Sandbox, timer: Timer):
         """Sample, execute and reward `prompts_per_step` tasks x `group_size`. With DAPO's dynamic sampling,
         groups whose rewards are all equal are dropped and more tasks are sampled (at most
@@ -200,28 +281,17 @@ class RLTrainer:
         cfg, ro = self.cfg, self.cfg.rollout
         parts, kept_groups, dropped = [], 0, 0
         for round_ in range(cfg.algo.max_sampling_rounds if cfg.algo.dynamic_sampling else 1):
-            with timer("gen"):
-                tasks = self.sampler.next_batch(ro.prompts_per_step)
-                trajectories, gen = sample(
-                    self.policy, self.tokenizer, tasks, group_size=ro.group_size, max_new_tokens=ro.max_new_tokens,
-                    temperature=ro.temperature, top_p=ro.top_p,
-                    generator=step_generator(cfg.run.seed, step, 0 if round_ == 0 else 10 + round_),
-                )
-            with timer("reward"):
-                execute(trajectories, sandbox, self.reward_fn.needs, self.reference_cpu)
-                rewards = self.reward_fn.batch(trajectories)
-            batch = collate(gen, trajectories, rewards, group_offset=round_ * ro.prompts_per_step,
-                            tokenizer=self.tokenizer)
+            batch, items, rewards, truncated = self.sample_round(step, round_, sandbox, timer)
             if not cfg.algo.dynamic_sampling:
-                return batch, trajectories, rewards, gen.truncated, {}
+                return batch, items, rewards, truncated, {}
             _, std, _ = group_mean_std(batch.rewards, batch.group_ids)
-            informative = [i for i in range(len(trajectories)) if std[i] > 0]
+            informative = [i for i in range(len(items)) if std[i] > 0]
             groups = set(sorted({int(batch.group_ids[i]) for i in informative})[: ro.prompts_per_step - kept_groups])
             rows = [i for i in informative if int(batch.group_ids[i]) in groups]
             dropped += ro.prompts_per_step - len({int(batch.group_ids[i]) for i in informative})
             kept_groups += len(groups)
-            parts.append((batch.select(torch.tensor(rows, dtype=torch.long)), [trajectories[i] for i in rows],
-                          [rewards[i] for i in rows], gen.truncated[rows]))
+            parts.append((batch.select(torch.tensor(rows, dtype=torch.long)), [items[i] for i in rows],
+                          [rewards[i] for i in rows], truncated[rows]))
             if kept_groups >= ro.prompts_per_step:
                 break
         parts = [p for p in parts if len(p[1])] or parts[:1]
@@ -234,7 +304,7 @@ class RLTrainer:
         cfg, ro, algo = self.cfg, self.cfg.rollout, self.cfg.algo
         timer = Timer()
         with timer("step"):
-            batch, trajectories, rewards, truncated, extra = self.collect(step, sandbox, timer)
+            batch, items, rewards, truncated, extra = self.collect(step, sandbox, timer)
             if len(batch) == 0:  # dynamic sampling found no group with a learning signal
                 metrics = {"actor/trained_fraction": 0.0, **extra}
                 metrics.update(timer.seconds)
@@ -242,7 +312,7 @@ class RLTrainer:
             if self.ref is not None:
                 with timer("ref"), torch.no_grad():
                     batch.ref_logprobs, _ = response_logprobs(
-                        self.ref, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask,
+                        self.ref, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.attention,
                         temperature=ro.temperature)
             token_rewards = batch.token_rewards
             kl_metrics = {}
@@ -254,7 +324,7 @@ class RLTrainer:
             if self.critic is not None:
                 with timer("values"), torch.no_grad():
                     batch.values = self.critic.values(batch.prompt_ids, batch.prompt_mask, batch.response_ids,
-                                                      batch.response_mask)
+                                                      batch.response_mask, batch.response_attention)
             with timer("adv"):
                 batch.advantages, batch.returns = self.estimator(
                     batch.rewards, batch.response_mask, batch.group_ids, values=batch.values,
@@ -288,7 +358,7 @@ class RLTrainer:
                 metrics["actor/kl_coef"] = self.kl.coef
                 self.kl.update(observed)
             metrics.update(kl_metrics)
-            metrics.update(rollout_metrics(trajectories, rewards, batch, truncated))
+            metrics.update((episode_metrics if self.episodic else rollout_metrics)(items, rewards, batch, truncated))
             metrics["actor/trained_fraction"] = len(train_batch) / len(batch)
             metrics.update(extra)
             if cfg.eval.every and step % cfg.eval.every == 0 and step < cfg.train.steps:
@@ -296,18 +366,34 @@ class RLTrainer:
                     metrics.update(self.validate(step, sandbox))
         metrics.update(timer.seconds)
         metrics["perf/tokens_per_s"] = batch.num_tokens() / timer.seconds["timing_s/step"]
-        return metrics, sample_rows(trajectories, rewards, batch)
+        return metrics, (episode_rows if self.episodic else sample_rows)(items, rewards, batch)
 
     def validate(self, step: int, sandbox: Sandbox) -> dict[str, float]:
         """Held-out pass@1 on the first `eval.val_tasks` tasks: sampled (2 per task) and greedy."""
         tasks = self.heldout_tasks[: self.cfg.eval.val_tasks]
         seed = step_seed(self.cfg.run.seed, step, 2)
+        if self.episodic:
+            return self.validate_episodes(tasks, seed, sandbox)
         sampled = evaluate(self.policy, self.tokenizer, tasks, sandbox, samples=2,
                            temperature=self.cfg.eval.temperature, max_new_tokens=self.cfg.rollout.max_new_tokens,
                            seed=seed)
         greedy = evaluate(self.policy, self.tokenizer, tasks, sandbox, greedy=True,
                           max_new_tokens=self.cfg.rollout.max_new_tokens)
         m = {"val/pass@1": sampled.overall["pass@1"], "val/greedy_pass@1": greedy.overall["pass@1"]}
+        for domain, scores in sampled.per_domain.items():
+            m[f"val/{domain}/pass@1"] = scores["pass@1"]
+        return m
+
+    def validate_episodes(self, tasks: list[Task], seed: int, sandbox: Sandbox) -> dict[str, float]:
+        cfg = self.cfg
+        kw = dict(max_new_tokens=cfg.rollout.max_new_tokens, max_context=cfg.env.max_context,
+                  chat=cfg.env.chat_format)
+        ctx = self.env_context(sandbox)
+        sampled = evaluate_episodes(self.policy, self.tokenizer, tasks, ctx, samples=2,
+                                    temperature=cfg.eval.temperature, seed=seed, **kw)
+        greedy = evaluate_episodes(self.policy, self.tokenizer, tasks, ctx, greedy=True, **kw)
+        m = {"val/pass@1": sampled.overall["pass@1"], "val/greedy_pass@1": greedy.overall["pass@1"],
+             "val/first_turn_pass@1": sampled.overall["first_turn_pass@1"]}
         for domain, scores in sampled.per_domain.items():
             m[f"val/{domain}/pass@1"] = scores["pass@1"]
         return m
@@ -378,6 +464,13 @@ class RLTrainer:
             config_yaml=self.cfg.to_yaml(), extra=extra,
         )
         self.saver.save(snap)
+
+
+def is_episodic(cfg: RunConfig, tasks: list[Task]) -> bool:
+    """Whether RL runs through the environments (see `env.episodes`)."""
+    if cfg.env.episodes is not None:
+        return cfg.env.episodes
+    return cfg.env.max_turns > 1 or any(t.env != "code" for t in tasks)
 
 
 def _main_thread() -> bool:

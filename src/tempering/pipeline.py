@@ -21,9 +21,10 @@ from rich.table import Table
 
 from tempering.config import RunConfig
 from tempering.data import generate_tasks, load_tasks, save_tasks, split_stages
+from tempering.envs import EnvContext
 from tempering.errors import ConfigError
-from tempering.eval.evaluate import EvalReport, evaluate
-from tempering.loop import RLTrainer
+from tempering.eval.evaluate import EvalReport, evaluate, evaluate_episodes
+from tempering.loop import RLTrainer, is_episodic
 from tempering.models.loading import (
     build_tiny_model,
     check_model_dir,
@@ -33,10 +34,12 @@ from tempering.models.loading import (
     save_model,
 )
 from tempering.models.tokenizer import train_tokenizer
+from tempering.rollout.chat import chat_format
 from tempering.sandbox import LocalSandbox, RemoteSandbox, Sandbox, SandboxLimits
 from tempering.tracking import Tracker, read_metrics
 from tempering.tracking.plot import plot_run
-from tempering.training.sft import run_sft, sft_completion
+from tempering.training.sft import Transcript, encode_transcript, run_sft, sft_completion
+from tempering.training.transcripts import sft_transcripts, transcript_text
 from tempering.types import Task
 
 
@@ -55,9 +58,27 @@ class Workspace:
     sft_tasks: list[Task]
     rl_tasks: list[Task]
     console: Console
+    episodic: bool = False
+    """RL runs through the environments (multi-turn driver); SFT then learns from transcripts."""
+    _transcripts: list[tuple[Task, Transcript]] | None = None
 
     def log(self, message: str) -> None:
         self.console.print(message)
+
+    def env_context(self, sandbox: Sandbox) -> EnvContext:
+        e, r = self.cfg.env, self.cfg.reward
+        return EnvContext(sandbox=sandbox, max_turns=e.max_turns, feedback_chars=e.feedback_chars,
+                          options={"guards": r.guards, "guard_kinds": r.guard_kinds, **e.options})
+
+    def transcripts(self, sandbox: Sandbox) -> list[tuple[Task, Transcript]]:
+        """SFT transcripts of the SFT tasks (built once; deterministic in the data seed)."""
+        if self._transcripts is None:
+            # Reference transcripts may need more turns than RL allows (retries of a flaky call).
+            ctx = self.env_context(sandbox)
+            ctx.max_turns = max(ctx.max_turns, 8)
+            self._transcripts = sft_transcripts(self.sft_tasks, ctx, repair_fraction=self.cfg.sft.repair_fraction,
+                                                seed=self.cfg.data.seed)
+        return self._transcripts
 
 
 def prepare(cfg: RunConfig, console: Console | None = None) -> Workspace:
@@ -72,12 +93,13 @@ def prepare(cfg: RunConfig, console: Console | None = None) -> Workspace:
         raise ConfigError("algo.ppo_epochs, algo.minibatches and rollout.group_size must be at least 1")
     train = load_tasks(cfg.data.train_file) if cfg.data.train_file else None
     heldout = load_tasks(cfg.data.heldout_file) if cfg.data.heldout_file else None
+    run_dir_data = run_dir / "data" / "heldout.jsonl"
+    if (train is None or heldout is None) and run_dir_data.is_file() and cfg.data.generator != "code":
+        # Generated once (reasoning-gym takes a while): a resumed run reads its own task files.
+        train = train if train is not None else load_tasks(run_dir / "data" / "train.jsonl")
+        heldout = heldout if heldout is not None else load_tasks(run_dir_data)
     if train is None or heldout is None:
-        try:
-            gen_train, gen_heldout = generate_tasks(cfg.data.num_train, cfg.data.num_heldout, cfg.data.seed,
-                                                    cfg.data.domains)
-        except ValueError as e:
-            raise ConfigError(f"data.domains: {e}") from None
+        gen_train, gen_heldout = builtin_tasks(cfg)
         train = train if train is not None else gen_train
         heldout = heldout if heldout is not None else gen_heldout
     _check_disjoint(train, heldout)
@@ -85,6 +107,13 @@ def prepare(cfg: RunConfig, console: Console | None = None) -> Workspace:
         sft, rl = split_stages(train, cfg.data.sft_fraction, cfg.data.seed)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    if cfg.data.mixture:
+        from tempering.data import MixtureSampler
+
+        try:
+            MixtureSampler(rl, cfg.data.mixture, cfg.run.seed)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
     torch.set_num_threads(cfg.run.threads)
 
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -93,7 +122,30 @@ def prepare(cfg: RunConfig, console: Console | None = None) -> Workspace:
     if not (data_dir / "heldout.jsonl").exists():
         save_tasks(train, data_dir / "train.jsonl")
         save_tasks(heldout, data_dir / "heldout.jsonl")
-    return Workspace(cfg, run_dir, train, heldout, sft, rl, console)
+    return Workspace(cfg, run_dir, train, heldout, sft, rl, console, episodic=is_episodic(cfg, rl))
+
+
+def builtin_tasks(cfg: RunConfig) -> tuple[list[Task], list[Task]]:
+    """(train, held-out) from the generator named by `data.generator`."""
+    d = cfg.data
+    try:
+        if d.generator == "code":
+            return generate_tasks(d.num_train, d.num_heldout, d.seed, d.domains)
+        if d.generator == "tools":
+            from tempering.envs.tools import generate_tool_tasks
+
+            return generate_tool_tasks(d.num_train, d.num_heldout, d.seed)
+        if d.generator == "answer":
+            from tempering.envs.answer import generate_answer_tasks
+
+            return generate_answer_tasks(d.num_train, d.num_heldout, d.seed, d.domains)
+        from tempering.envs.gym import gym_datasets, gym_tasks
+
+        names = d.gym_datasets or gym_datasets()
+        return gym_tasks(names, max(1, d.num_train // len(names)), d.gym_heldout_per_domain, d.seed,
+                         config=d.gym_config, max_prompt_chars=d.gym_max_prompt_chars)
+    except (ValueError, ImportError) as e:
+        raise ConfigError(f"data ({d.generator} tasks): {e}") from None
 
 
 def _check_disjoint(train: list[Task], heldout: list[Task]) -> None:
@@ -118,7 +170,7 @@ def make_sandbox(cfg: RunConfig) -> Sandbox:
 # ----------------------------------------------------------------------------------------- stages
 
 
-def base_model_dir(ws: Workspace) -> Path:
+def base_model_dir(ws: Workspace, sandbox: Sandbox | None = None) -> Path:
     """The starting model: `model.path`, or the tiny default built (once) into RUN_DIR/base."""
     cfg = ws.cfg
     if cfg.model.path:
@@ -127,7 +179,10 @@ def base_model_dir(ws: Workspace) -> Path:
     if not (base / "config.json").is_file():
         # Prompts of every training task, solutions only of SFT tasks: RL never sees a reference solution.
         sft_ids = {t.id for t in ws.sft_tasks}
-        texts = [t.prompt + sft_completion(t) for t in ws.sft_tasks]
+        if ws.episodic:
+            texts = [transcript_text(t, tr) for t, tr in ws.transcripts(sandbox)]
+        else:
+            texts = [t.prompt + sft_completion(t) for t in ws.sft_tasks]
         texts += [t.prompt for t in ws.rl_tasks if t.id not in sft_ids]
         tokenizer = train_tokenizer(texts, vocab_size=cfg.model.vocab_size)
         m = cfg.model
@@ -143,7 +198,7 @@ def base_model_dir(ws: Workspace) -> Path:
     return base
 
 
-def sft_stage(ws: Workspace, start: Path) -> Path:
+def sft_stage(ws: Workspace, start: Path, sandbox: Sandbox | None = None) -> Path:
     """Supervised warm-up into RUN_DIR/sft/model (skipped when done, or when sft.steps is 0)."""
     cfg = ws.cfg
     if cfg.sft.steps <= 0:
@@ -157,6 +212,10 @@ def sft_stage(ws: Workspace, start: Path) -> Path:
     tokenizer = load_tokenizer(start)
     s = cfg.sft
     began = time.perf_counter()
+    examples = None
+    if ws.episodic:
+        fmt = chat_format(tokenizer, cfg.env.chat_format)
+        examples = [encode_transcript(fmt, t.prompt, tr) for t, tr in ws.transcripts(sandbox)]
     with (out / "metrics.jsonl").open("w") as f:
         def on_step(step: int, row: dict[str, float]) -> None:
             f.write(json.dumps(row) + "\n")
@@ -165,7 +224,7 @@ def sft_stage(ws: Workspace, start: Path) -> Path:
 
         run_sft(model, tokenizer, ws.sft_tasks, steps=s.steps, batch_size=s.batch_size, lr=s.lr,
                 warmup_steps=s.warmup_steps, schedule=s.schedule, weight_decay=s.weight_decay,
-                seed=cfg.run.seed, on_step=on_step)
+                seed=cfg.run.seed, on_step=on_step, examples=examples)
     tmp = out / "model.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     save_model(model, tokenizer, tmp)
@@ -184,10 +243,18 @@ def heldout_eval(ws: Workspace, model_dir: Path, sandbox: Sandbox, name: str) ->
     began = time.perf_counter()
     model = load_model(model_dir, dtype=cfg.model.dtype, device=cfg.run.device)
     tokenizer = load_tokenizer(model_dir)
-    kw = dict(max_new_tokens=cfg.rollout.max_new_tokens)
-    sampled = evaluate(model, tokenizer, ws.heldout_tasks, sandbox, samples=cfg.eval.samples, ks=(1,),
-                       temperature=cfg.eval.temperature, seed=cfg.run.seed + 7, **kw)
-    greedy = evaluate(model, tokenizer, ws.heldout_tasks, sandbox, greedy=True, **kw)
+    if ws.episodic:
+        kw = dict(max_new_tokens=cfg.rollout.max_new_tokens, max_context=cfg.env.max_context,
+                  chat=cfg.env.chat_format)
+        ctx = ws.env_context(sandbox)
+        sampled = evaluate_episodes(model, tokenizer, ws.heldout_tasks, ctx, samples=cfg.eval.samples,
+                                    temperature=cfg.eval.temperature, seed=cfg.run.seed + 7, **kw)
+        greedy = evaluate_episodes(model, tokenizer, ws.heldout_tasks, ctx, greedy=True, **kw)
+    else:
+        kw = dict(max_new_tokens=cfg.rollout.max_new_tokens)
+        sampled = evaluate(model, tokenizer, ws.heldout_tasks, sandbox, samples=cfg.eval.samples, ks=(1,),
+                           temperature=cfg.eval.temperature, seed=cfg.run.seed + 7, **kw)
+        greedy = evaluate(model, tokenizer, ws.heldout_tasks, sandbox, greedy=True, **kw)
     result = {"sampled": _strip(sampled), "greedy": _strip(greedy), "wall_time_s": time.perf_counter() - began}
     _write_json(path, result)
     return result
@@ -232,8 +299,8 @@ def train(cfg: RunConfig, console: Console | None = None) -> dict[str, Any]:
            f"{len(ws.heldout_tasks)} held-out)")
     sandbox = make_sandbox(cfg)
     try:
-        start = base_model_dir(ws)
-        start = sft_stage(ws, start)
+        start = base_model_dir(ws, sandbox)
+        start = sft_stage(ws, start, sandbox)
         before = heldout_eval(ws, start, sandbox, "eval_before")
         ws.log(f"held-out pass@1 before RL: sampled {before['sampled']['overall']['pass@1']:.1%}, "
                f"greedy {before['greedy']['overall']['pass@1']:.1%}")
@@ -256,6 +323,9 @@ def write_summary(ws: Workspace, before: dict, after: dict, wall_time_s: float) 
         "heldout_greedy_pass@1_before": before["greedy"]["overall"]["pass@1"],
         "heldout_greedy_pass@1_after": after["greedy"]["overall"]["pass@1"],
         "heldout_tasks": before["sampled"]["num_tasks"],
+        **({"heldout_first_turn_pass@1_before": before["sampled"]["overall"]["first_turn_pass@1"],
+            "heldout_first_turn_pass@1_after": after["sampled"]["overall"]["first_turn_pass@1"]}
+           if "first_turn_pass@1" in before["sampled"]["overall"] else {}),
         "heldout_samples_per_task": before["sampled"]["samples"],
         "temperature": before["sampled"]["temperature"],
         "per_domain_before": {d: v["pass@1"] for d, v in before["sampled"]["per_domain"].items()},

@@ -60,7 +60,9 @@ class TestCase(BaseModel):
 
 
 class Task(BaseModel):
-    """A programming task: the prompt the policy sees, and the hidden tests its answer is executed against."""
+    """A task: the prompt the policy sees, and how its answer is judged - hidden tests its program is executed
+    against (`env: code`), an expected answer (`answer`, `reasoning_gym`), or the goal of a tool-use episode
+    (`tool`, whose tools, services and goal live in `metadata`)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -72,21 +74,25 @@ class Task(BaseModel):
     """Text given to the model; the completion is appended to it to form the program."""
     entry_point: str | None = None
     """Function the tests call; None for stdin/stdout tasks."""
-    tests: list[TestCase]
-    """Hidden tests: never shown to the model."""
+    tests: list[TestCase] = []
+    """Hidden tests: never shown to the model (code tasks)."""
     examples: list[TestCase] = []
     """The input/output examples shown in the prompt (used by the hard-coding guard)."""
     reference_solution: str | None = None
     """A correct program; used by SFT and by checks, never by RL."""
     language: str = "python"
     """Language the completion is executed as."""
+    env: str = "code"
+    """Environment that runs an episode of the task (`tempering.envs`): code, answer, tool, reasoning_gym."""
+    answer: Any = None
+    """Expected final answer (answer-matching and tool tasks)."""
     metadata: dict[str, Any] = {}
-    """Anything else (template name, difficulty, source)."""
+    """Anything else (template name, difficulty, source; a tool task's tools and services)."""
 
     @model_validator(mode="after")
     def _consistent(self) -> Task:
-        if not self.tests:
-            raise ValueError("a task needs at least one test")
+        if self.env == "code" and not self.tests:
+            raise ValueError("a code task needs at least one test")
         styles = {t.style for t in self.tests}
         if len(styles) > 1:
             raise ValueError(f"tests mix styles ({', '.join(sorted(styles))}); use one per task")

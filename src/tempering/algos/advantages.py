@@ -41,23 +41,26 @@ def sequence_rewards(rewards: Tensor, response_mask: Tensor, token_rewards: Tens
 
 
 def last_token_rewards(rewards: Tensor, response_mask: Tensor, token_rewards: Tensor | None) -> Tensor:
-    """Per-token rewards (B, T): `rewards` at each sequence's last response token, plus `token_rewards`."""
-    lengths = response_mask.sum(-1).long()                          # (B,)
+    """Per-token rewards (B, T): `rewards` at each sequence's last response token, plus `token_rewards`.
+    The mask may have gaps (a multi-turn episode's observation tokens): "last" is the last masked-in token."""
+    steps = torch.arange(1, response_mask.shape[1] + 1)
+    last = (response_mask * steps).argmax(-1)                       # (B,)
     out = torch.zeros_like(response_mask, dtype=rewards.dtype)
-    has = lengths > 0
+    has = response_mask.sum(-1) > 0
     rows = torch.arange(len(rewards))[has]
-    out[rows, lengths[has] - 1] = rewards[has]
+    out[rows, last[has]] = rewards[has]
     if token_rewards is not None:
         out = out + token_rewards * response_mask
     return out
 
 
 def discounted_returns(token_rewards: Tensor, response_mask: Tensor, gamma: float = 1.0) -> Tensor:
-    """Reward-to-go G_t = sum_{k>=t} gamma^(k-t) r_k over masked-in tokens. (B, T) -> (B, T)"""
+    """Reward-to-go G_t = sum_{k>=t} gamma^(k-t) r_k over masked-in tokens (k counts only those: the reward
+    flows across masked-out observation tokens unchanged). (B, T) -> (B, T)"""
     returns = torch.zeros_like(token_rewards)
     running = torch.zeros(token_rewards.shape[0], dtype=token_rewards.dtype)
     for t in reversed(range(token_rewards.shape[1])):
-        running = token_rewards[:, t] + gamma * running * response_mask[:, t]
+        running = torch.where(response_mask[:, t] > 0, token_rewards[:, t] + gamma * running, running)
         returns[:, t] = running
     return returns * response_mask
 
@@ -139,6 +142,7 @@ def gae(rewards: Tensor, response_mask: Tensor, group_ids: Tensor, values: Tenso
     values (B, T): V(s_t), the critic's estimate before response token t. With per-token rewards r_t,
     delta_t = r_t + gamma * V_{t+1} - V_t (V after the last token = 0),  A_t = delta_t + gamma * lam * A_{t+1},
     returns_t = A_t + V_t (the critic's regression target). lam = gamma = 1 gives A_t = G_t - V_t.
+    Masked-out tokens inside a sequence (observations) are skipped: t+1 is the next policy token.
     """
     if values is None:
         raise ValueError("gae needs critic values: set algo.critic (see docs/algorithms.md)")
@@ -150,7 +154,7 @@ def gae(rewards: Tensor, response_mask: Tensor, group_ids: Tensor, values: Tenso
     for t in reversed(range(r.shape[1])):
         m = response_mask[:, t]
         delta = r[:, t] + gamma * next_value - values[:, t]
-        running = (delta + gamma * lam * running) * m
+        running = torch.where(m > 0, delta + gamma * lam * running, running)
         adv[:, t] = running
         next_value = torch.where(m > 0, values[:, t], next_value)
     returns = (adv + values) * response_mask

@@ -44,3 +44,47 @@ class TaskSampler:
             raise ValueError(f"sampler state is for {state['num_tasks']} tasks, this run has {len(self.tasks)}")
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
         self._order = self._permutation(self.epoch)
+
+
+class MixtureSampler:
+    """Draws each task's domain by weight, then a task of that domain (without replacement within the
+    domain's epoch). The k-th draw's domain depends only on (seed, k), so the domain sequence is a pure
+    function of the draw count; that count and every domain's position are the checkpointed state, and
+    a resumed run continues the same sequence.
+
+    `weights` maps domains to weights; the key `*` gives every unlisted domain that weight (default 0:
+    unlisted domains are not drawn)."""
+
+    def __init__(self, tasks: list[Task], weights: dict[str, float], seed: int):
+        by_domain: dict[str, list[Task]] = {}
+        for task in tasks:
+            by_domain.setdefault(task.domain, []).append(task)
+        unknown = set(weights) - set(by_domain) - {"*"}
+        if unknown:
+            raise ValueError(f"data.mixture names domain(s) without tasks: {sorted(unknown)}")
+        default = weights.get("*", 0.0)
+        self.domains = sorted(d for d in by_domain if weights.get(d, default) > 0)
+        if not self.domains:
+            raise ValueError("data.mixture gives no domain a positive weight")
+        self.weights = [float(weights.get(d, default)) for d in self.domains]
+        self.samplers = {d: TaskSampler(by_domain[d], seed=seed) for d in self.domains}
+        self.seed, self.draws = seed, 0
+
+    def next_batch(self, n: int) -> list[Task]:
+        batch = []
+        for _ in range(n):
+            domain = random.Random(f"mixture:{self.seed}:{self.draws}").choices(self.domains, self.weights)[0]
+            self.draws += 1
+            batch.append(self.samplers[domain].next_batch(1)[0])
+        return batch
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"draws": self.draws, "domains": {d: s.state_dict() for d, s in self.samplers.items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if sorted(state.get("domains", {})) != self.domains:
+            raise ValueError(f"sampler state is for domains {sorted(state.get('domains', {}))}, "
+                             f"this run mixes {self.domains}")
+        self.draws = int(state["draws"])
+        for d, s in state["domains"].items():
+            self.samplers[d].load_state_dict(s)

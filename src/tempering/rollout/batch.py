@@ -22,6 +22,14 @@ class RolloutBatch:
     ref_logprobs: Tensor | None = None    # (B, R) under the frozen reference, when KL is used
     values: Tensor | None = None          # (B, R) critic values, when a critic is used
     token_rewards: Tensor | None = None   # (B, R) per-token rewards (process steps, KL penalty), when used
+    response_attention: Tensor | None = None
+    """(B, R) 1 on every response token present: the policy's and, in multi-turn episodes, the observations'
+    (which `response_mask` leaves out of the loss). None = `response_mask` (single-turn)."""
+
+    @property
+    def attention(self) -> Tensor:
+        """(B, R) the response part of the attention mask."""
+        return self.response_mask if self.response_attention is None else self.response_attention
 
     def __len__(self) -> int:
         return self.prompt_ids.shape[0]

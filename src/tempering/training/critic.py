@@ -45,9 +45,11 @@ class Critic(nn.Module):
         self.backbone.save_pretrained(directory, state_dict=backbone_state, safe_serialization=True)
         torch.save(head_state, Path(directory) / HEAD_FILE)
 
-    def values(self, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor, response_mask: Tensor) -> Tensor:
-        """V(s_t) before each response token t. -> (B, R)"""
-        hidden = response_hidden_states(self.backbone, prompt_ids, prompt_mask, response_ids, response_mask)
+    def values(self, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor, response_mask: Tensor,
+               response_attention: Tensor | None = None) -> Tensor:
+        """V(s_t) before each policy token t (0 elsewhere). -> (B, R)"""
+        attention = response_mask if response_attention is None else response_attention
+        hidden = response_hidden_states(self.backbone, prompt_ids, prompt_mask, response_ids, attention)
         return self.head(hidden.float()).squeeze(-1) * response_mask
 
 
@@ -62,7 +64,8 @@ def update_critic(critic: Critic, optimizer: torch.optim.Optimizer, batch, *, ge
     for _ in range(epochs):
         for index in torch.randperm(len(batch), generator=generator).chunk(minibatches):
             mb = batch.select(index).trim()
-            values = critic.values(mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask)
+            values = critic.values(mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask,
+                                   mb.response_attention)
             loss, metrics = clipped_value_loss(values, mb.values, mb.returns, mb.response_mask, clip_range=clip_range)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()

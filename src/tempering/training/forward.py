@@ -25,7 +25,7 @@ def response_logprobs(
     prompt_ids: Tensor,
     prompt_mask: Tensor,
     response_ids: Tensor,
-    response_mask: Tensor,
+    response_attention: Tensor,
     *,
     temperature: float = 1.0,
     with_entropy: bool = False,
@@ -34,14 +34,16 @@ def response_logprobs(
     """log pi(response_t | prompt, response_<t) for every response token.
 
     prompt_ids (B, P) left-padded, response_ids (B, R) right-padded -> logprobs (B, R), entropy (B, R) or None.
-    Logits are divided by the sampling temperature, so these match the sampler's log-probs.
+    `response_attention` (B, R) marks the tokens present (in a multi-turn episode also the observations,
+    which the loss then masks out). Logits are divided by the sampling temperature, so these match the
+    sampler's log-probs.
     """
     r = response_ids.shape[1]
     first, inverse = distinct_rows(prompt_ids) if share_prompts else (None, None)
     if first is None or len(first) == len(prompt_ids) or r == 0:
-        logits = _full_logits(model, prompt_ids, prompt_mask, response_ids, response_mask)
+        logits = _full_logits(model, prompt_ids, prompt_mask, response_ids, response_attention)
     else:
-        logits = _shared_prompt_logits(model, prompt_ids, prompt_mask, response_ids, response_mask,
+        logits = _shared_prompt_logits(model, prompt_ids, prompt_mask, response_ids, response_attention,
                                        first, inverse)
     logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)          # (B, R, V)
     logprobs = logp_all.gather(-1, response_ids[..., None]).squeeze(-1)      # (B, R)
@@ -52,13 +54,13 @@ def response_logprobs(
 
 
 def response_hidden_states(model, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor,
-                           response_mask: Tensor, *, share_prompts: bool = True) -> Tensor:
+                           response_attention: Tensor, *, share_prompts: bool = True) -> Tensor:
     """Last hidden state of a decoder backbone (`AutoModel`, no LM head) at the R positions that predict
     the response tokens - the state before each token, which is what a critic's value head reads. (B, R, H)"""
     first, inverse = distinct_rows(prompt_ids) if share_prompts else (None, None)
     if first is None or len(first) == len(prompt_ids) or response_ids.shape[1] == 0:
-        return _full_logits(model, prompt_ids, prompt_mask, response_ids, response_mask, "last_hidden_state")
-    return _shared_prompt_logits(model, prompt_ids, prompt_mask, response_ids, response_mask, first, inverse,
+        return _full_logits(model, prompt_ids, prompt_mask, response_ids, response_attention, "last_hidden_state")
+    return _shared_prompt_logits(model, prompt_ids, prompt_mask, response_ids, response_attention, first, inverse,
                                  "last_hidden_state")
 
 

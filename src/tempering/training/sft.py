@@ -55,15 +55,42 @@ def length_grouped_batches(
     return [batches[i] for i in torch.randperm(len(batches), generator=generator).tolist()]
 
 
-def collate_sft(examples: list[tuple[list[int], list[int]]], pad_id: int):
-    prompt_ids, prompt_mask = left_pad([p for p, _ in examples], pad_id)
-    width = max(len(c) for _, c in examples)
+Transcript = list[tuple[str, "str | None", bool]]
+"""A multi-turn SFT example after its prompt: (action, observation or None, train on this action?)."""
+
+
+def encode_transcript(fmt, prompt: str, transcript: Transcript) -> tuple[list[int], list[int], list[float]]:
+    """(prompt ids, ids after the prompt, loss mask over them) in the rollout's chat format: observations
+    and the actions not marked for training are context only."""
+    tokenizer = fmt.tokenizer
+    prompt_ids, conv = fmt.start(prompt)
+    ids: list[int] = []
+    mask: list[float] = []
+    for action, observation, train in transcript:
+        action_ids = tokenizer(action, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
+        ids += action_ids
+        mask += [float(train)] * len(action_ids)
+        if observation is not None:
+            obs_ids = fmt.observation(conv, action, True, observation)
+            ids += obs_ids
+            mask += [0.0] * len(obs_ids)
+    return prompt_ids, ids, mask
+
+
+def collate_sft(examples: list[tuple], pad_id: int):
+    """Examples (prompt ids, response ids[, loss mask]) -> prompt ids, prompt mask, response ids, response
+    attention, loss mask."""
+    prompt_ids, prompt_mask = left_pad([e[0] for e in examples], pad_id)
+    width = max(len(e[1]) for e in examples)
     response_ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
-    response_mask = torch.zeros((len(examples), width))
-    for i, (_, c) in enumerate(examples):
-        response_ids[i, : len(c)] = torch.tensor(c)
-        response_mask[i, : len(c)] = 1.0
-    return prompt_ids, prompt_mask, response_ids, response_mask
+    attention = torch.zeros((len(examples), width))
+    loss_mask = torch.zeros((len(examples), width))
+    for i, e in enumerate(examples):
+        n = len(e[1])
+        response_ids[i, :n] = torch.tensor(e[1])
+        attention[i, :n] = 1.0
+        loss_mask[i, :n] = torch.tensor(e[2]) if len(e) > 2 else 1.0
+    return prompt_ids, prompt_mask, response_ids, attention, loss_mask
 
 
 def run_sft(
@@ -80,16 +107,18 @@ def run_sft(
     seed: int = 0,
     max_grad_norm: float = 1.0,
     on_step: Callable[[int, dict[str, float]], None] | None = None,
+    examples: list[tuple] | None = None,
 ) -> list[dict[str, float]]:
-    """Train `steps` steps on length-grouped minibatches of reference completions; returns per-step metrics."""
-    examples = encode_examples(tokenizer, tasks)
+    """Train `steps` steps on length-grouped minibatches of reference completions (or of given `examples`,
+    see `collate_sft`); returns per-step metrics."""
+    examples = encode_examples(tokenizer, tasks) if examples is None else examples
     if not examples:
         raise ValueError("SFT needs tasks with a reference_solution; none of the training tasks has one")
     optimizer = make_optimizer(model, lr=lr, weight_decay=weight_decay)
     scheduler = make_scheduler(optimizer, warmup_steps=warmup_steps, total_steps=steps, schedule=schedule)
     generator = torch.Generator().manual_seed(seed)
     device = next(model.parameters()).device
-    lengths = [len(p) + len(c) for p, c in examples]
+    lengths = [len(e[0]) + len(e[1]) for e in examples]
     batches: list[list[int]] = []
     history = []
     model.train()
@@ -99,8 +128,8 @@ def run_sft(
             batches = length_grouped_batches(lengths, batch_size, generator)
         index = batches.pop()
         tensors = [t.to(device) for t in collate_sft([examples[i] for i in index], tokenizer.pad_token_id)]
-        logprobs, _ = response_logprobs(model, *tensors)
-        loss = -masked_mean(logprobs, tensors[3])
+        logprobs, _ = response_logprobs(model, *tensors[:4])
+        loss = -masked_mean(logprobs, tensors[4])
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)

@@ -44,7 +44,7 @@ def update_policy(
             mb = batch.select(index).trim()
             mask = mb.response_mask
             logprobs, entropy = response_logprobs(
-                model, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mask,
+                model, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.attention,
                 temperature=temperature, with_entropy=True,
             )
             pg_loss, pg_metrics = policy_loss(

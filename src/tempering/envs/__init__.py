@@ -1,0 +1,14 @@
+"""Environments: what executes a policy's action and answers it (DESIGN.md, "environment").
+
+    code            the program is run against the task's tests; failures come back as feedback
+    answer          the final answer is checked (arithmetic, Countdown)
+    tool            tool calls against deterministic simulated APIs (calculator, database, search, flaky)
+    reasoning_gym   a task from the `reasoning-gym` generators, scored by its verifier
+
+A task names its environment (`Task.env`); `make_env` builds one per episode.
+"""
+
+from tempering.envs import answer, code, gym, tools  # noqa: F401  (registers the environments)
+from tempering.envs.base import ENVIRONMENTS, EnvContext, Environment, Step, clip_middle, make_env, register
+
+__all__ = ["ENVIRONMENTS", "EnvContext", "Environment", "Step", "clip_middle", "make_env", "register"]

@@ -1,0 +1,90 @@
+"""The environment protocol (DESIGN.md): `reset(task) -> observation`, `step(action) -> Step`.
+
+An episode is a conversation: the first observation is the prompt; each policy action (a turn of text)
+goes to `step`, which executes it - code in the sandbox, a call to a simulated API, an answer checked
+against the task's - and returns what comes back (appended to the context as observation tokens, never
+trained on), the reward components of that step, and whether the episode is over.
+
+Reward components come in two kinds. `outcome` components (tests passed, answer correct) are read from
+the episode's last step: the episode is judged on its final attempt. All others are process rewards of
+their step (an improvement over the previous attempt, a malformed tool call) and are credited at the last
+token of the turn that earned them. Weights come from `env.weights`, else `default_weights`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, NamedTuple
+
+from tempering.types import Task
+
+
+class Step(NamedTuple):
+    """What one action did; unpacks as DESIGN.md's `(observation, reward_components, done, info)`."""
+
+    observation: str | None
+    """Text fed back to the model (None when the episode ends here)."""
+    rewards: dict[str, float]
+    """Reward components of this step."""
+    done: bool
+    info: dict[str, Any] = {}
+    """At least `success` (bool) on the final step; anything else is logged with the sample."""
+
+
+@dataclass
+class EnvContext:
+    """What environments may use; one per rollout batch, shared by its episodes."""
+
+    sandbox: Any = None
+    """A `tempering.sandbox.Sandbox` (code environments)."""
+    max_turns: int = 1
+    """Turns the driver will allow; an environment says in its observation how many are left."""
+    feedback_chars: int = 600
+    """Longest feedback text; longer is cut to its head and tail."""
+    options: dict[str, Any] = field(default_factory=dict)
+    """`env.options` from the config, e.g. {flaky_failure_rate: 0.5}."""
+
+
+class Environment(ABC):
+    """One episode of one task. Instances are created by `make_env` and are not reused."""
+
+    kind: ClassVar[str]
+    outcome: ClassVar[frozenset[str]] = frozenset()
+    default_weights: ClassVar[dict[str, float]] = {}
+
+    def __init__(self, ctx: EnvContext, seed: int = 0):
+        self.ctx, self.seed = ctx, seed
+
+    @abstractmethod
+    def reset(self, task: Task) -> str:
+        """Start an episode; returns the first observation (the prompt text)."""
+
+    @abstractmethod
+    def step(self, action: str) -> Step:
+        """Apply one policy action."""
+
+
+ENVIRONMENTS: dict[str, type[Environment]] = {}
+
+
+def register(cls: type[Environment]) -> type[Environment]:
+    ENVIRONMENTS[cls.kind] = cls
+    return cls
+
+
+def make_env(task: Task, ctx: EnvContext, seed: int = 0) -> Environment:
+    try:
+        cls = ENVIRONMENTS[task.env]
+    except KeyError:
+        raise ValueError(f"task '{task.id}': unknown env '{task.env}'; known: {', '.join(ENVIRONMENTS)}") from None
+    return cls(ctx, seed)
+
+
+def clip_middle(text: str, limit: int) -> str:
+    """Keep the head and the tail of a long text (a traceback's cause is at its end, its context at its start)."""
+    if len(text) <= limit:
+        return text
+    head = limit // 3
+    tail = limit - head - 20
+    return f"{text[:head]}\n... [{len(text) - head - tail} chars cut] ...\n{text[-tail:]}"

@@ -1,0 +1,49 @@
+"""Code with execution feedback."""
+
+from tempering.envs import EnvContext, make_env
+from tempering.envs.code import program_of
+
+
+def test_feedback_shows_failing_examples_but_never_hidden_expected_values(tasks, sandbox):
+    task = next(t for t in tasks[0] if t.metadata.get("template") == "affine")
+    env = make_env(task, EnvContext(sandbox, max_turns=3))
+    env.reset(task)
+    body = task.metadata["body"]
+    wrong = body.rsplit(" ", 1)[0] + f" {int(body.rsplit(' ', 1)[1]) + 1}\n"   # the constant off by one
+    step = env.step(wrong)
+    assert not step.done and step.observation.startswith("# feedback: ")
+    example = task.examples[0]
+    assert f"expected {example.output!r}" in step.observation
+    shown = {repr(e.output) for e in task.examples}
+    for test in task.tests:
+        if repr(test.output) not in shown:
+            assert f"expected {test.output!r}" not in step.observation
+    assert "hidden tests fail" in step.observation
+    fixed = env.step(body + "\n")
+    assert fixed.done and fixed.info["success"]
+    assert fixed.rewards["tests"] == 1.0 and fixed.rewards["improvement"] == 1.0 - step.rewards["tests"]
+
+
+def test_an_exception_comes_back_as_its_last_line(tasks, sandbox):
+    task = tasks[0][0]
+    env = make_env(task, EnvContext(sandbox, max_turns=2))
+    env.reset(task)
+    step = env.step("    return 1 // 0\n")
+    assert "ZeroDivisionError" in step.observation and step.observation.count("ZeroDivisionError") == 1
+
+
+def test_a_hacking_attempt_scores_nothing(tasks, sandbox):
+    task = tasks[0][0]
+    env = make_env(task, EnvContext(sandbox, max_turns=2))
+    env.reset(task)
+    step = env.step("    import os; os._exit(0)\n")
+    assert step.rewards["hacking"] == 1.0 and step.rewards["tests"] == 0.0
+    assert step.info["hacking"] == ["exit_before_tests"]
+
+
+def test_program_of_accepts_a_body_a_whole_function_or_a_fenced_block(tasks):
+    task = tasks[0][0]
+    assert program_of(task, "    return 1\n") == task.prompt + "    return 1\n"
+    whole = "def f(x):\n    return 1\n"
+    assert program_of(task, whole) == whole
+    assert program_of(task, f"Here:\n```python\n{whole}```\n") == whole
