@@ -10,7 +10,6 @@ from __future__ import annotations
 import copy
 import signal
 import time
-from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,18 +34,19 @@ from tempering.envs import EnvContext
 from tempering.errors import Preempted
 from tempering.eval.evaluate import evaluate, evaluate_episodes
 from tempering.models.loading import load_model, load_tokenizer
-from tempering.rewards import GUARDS, RewardFunction
+from tempering.rewards import RewardFunction
 from tempering.rollout.batch import RolloutBatch, concat_batches
 from tempering.rollout.code import execute, sample
-from tempering.rollout.episodes import Episode, collate_episodes, episode_rewards, run_episodes
+from tempering.rollout.episodes import collate_episodes, episode_rewards, run_episodes
 from tempering.rollout.generate import Generation
 from tempering.sandbox import Sandbox
 from tempering.tracking import Tracker
+from tempering.tracking.metrics import episode_metrics, episode_rows, rollout_metrics, sample_rows
 from tempering.training.critic import Critic, update_critic
 from tempering.training.forward import response_logprobs
 from tempering.training.optim import make_optimizer, make_scheduler
 from tempering.training.update import update_policy
-from tempering.types import EXEC_STATUSES, RewardResult, Task, Trajectory
+from tempering.types import RewardResult, Task, Trajectory
 
 
 def step_seed(seed: int, step: int, stream: int = 0) -> int:
@@ -105,86 +105,6 @@ def line_end_tokens(pieces: list[str]) -> list[int]:
     if pieces and (not ends or ends[-1] != len(pieces) - 1):
         ends.append(len(pieces) - 1)
     return ends
-
-
-def rollout_metrics(trajectories: list[Trajectory], rewards: list[RewardResult], batch: RolloutBatch,
-                    truncated: torch.Tensor) -> dict[str, float]:
-    scores = batch.rewards
-    m = {
-        "reward/mean": float(scores.mean()),
-        "reward/std": float(scores.std()) if len(scores) > 1 else 0.0,
-        "train/pass_rate": sum(t.exec_result.all_passed for t in trajectories) / len(trajectories),
-        "response_length/mean": float(batch.response_mask.sum(1).mean()),
-        "response_length/clip_ratio": float(truncated.float().mean()),
-        "num_turns/mean": 1.0,
-        "critic/advantages/mean": float((batch.advantages * batch.response_mask).sum() / batch.response_mask.sum()),
-    }
-    for name in rewards[0].components:
-        m[f"reward/{name}/mean"] = sum(r.components[name] for r in rewards) / len(rewards)
-    for kind in GUARDS:
-        m[f"reward/hacking/{kind}"] = sum(kind in r.info.get("hacking", ()) for r in rewards) / len(rewards)
-    m.update(domain_rewards([t.task.domain for t in trajectories], scores))
-    statuses = Counter(t.exec_result.status for t in trajectories)
-    for status in EXEC_STATUSES:
-        if statuses[status]:
-            m[f"sandbox/status/{status}"] = statuses[status] / len(trajectories)
-    return m
-
-
-def domain_rewards(domains: list[str], scores: torch.Tensor) -> dict[str, float]:
-    """`reward/<domain>/mean` for every domain in the batch."""
-    by: dict[str, list[float]] = {}
-    for d, r in zip(domains, scores.tolist()):
-        by.setdefault(d, []).append(r)
-    return {f"reward/{d}/mean": sum(v) / len(v) for d, v in sorted(by.items())}
-
-
-def episode_metrics(episodes: list[Episode], rewards: list[RewardResult], batch: RolloutBatch,
-                    truncated: torch.Tensor) -> dict[str, float]:
-    n = len(episodes)
-    scores = torch.tensor([r.score for r in rewards])
-    m = {
-        "reward/mean": float(scores.mean()),
-        "reward/std": float(scores.std()) if n > 1 else 0.0,
-        "train/pass_rate": sum(e.success for e in episodes) / n,
-        "train/first_turn_pass_rate": sum(e.first_success for e in episodes) / n,
-        "num_turns/mean": sum(len(e.turns) for e in episodes) / n,
-        "response_length/mean": float(batch.response_mask.sum(1).mean()),
-        "response_length/clip_ratio": float(truncated.float().mean()),
-        "critic/advantages/mean": float((batch.advantages * batch.response_mask).sum()
-                                        / batch.response_mask.sum().clamp_min(1)),
-    }
-    names = sorted({k for r in rewards for k in r.components})
-    for name in names:
-        m[f"reward/{name}/mean"] = sum(r.components.get(name, 0.0) for r in rewards) / n
-    m.update(domain_rewards([e.task.domain for e in episodes], scores))
-    return m
-
-
-def episode_rows(episodes: list[Episode], rewards: list[RewardResult], batch: RolloutBatch) -> list[dict]:
-    rows = []
-    for i, (e, reward) in enumerate(zip(episodes, rewards)):
-        policy = batch.response_mask[i].nonzero()
-        rows.append({
-            "task_id": e.task.id, "domain": e.task.domain, "group": e.group_id, "prompt": e.task.prompt,
-            "turns": [{"action": t.action, "observation": t.observation, "rewards": t.rewards} for t in e.turns],
-            "truncated": e.truncated, "success": e.success, "reward": reward.score, "components": reward.components,
-            "advantage": float(batch.advantages[i, policy[0, 0]]) if len(policy) else 0.0,
-        })
-    return rows
-
-
-def sample_rows(trajectories: list[Trajectory], rewards: list[RewardResult], batch: RolloutBatch) -> list[dict]:
-    rows = []
-    for i, (traj, reward) in enumerate(zip(trajectories, rewards)):
-        rows.append({
-            "task_id": traj.task.id, "domain": traj.task.domain, "group": traj.group_id,
-            "prompt": traj.task.prompt, "completion": traj.completion, "truncated": traj.truncated,
-            "status": traj.exec_result.status, "tests_passed": traj.exec_result.passed_fraction,
-            "reward": reward.score, "components": reward.components,
-            "advantage": float(batch.advantages[i, 0]) if batch.response_mask[i, 0] else 0.0,
-        })
-    return rows
 
 
 class RLTrainer:
@@ -270,9 +190,7 @@ class RLTrainer:
         return batch, trajectories, rewards, gen.truncated
 
     def env_context(self, sandbox: Sandbox) -> EnvContext:
-        e, r = self.cfg.env, self.cfg.reward
-        options = {"guards": r.guards, "guard_kinds": r.guard_kinds, **e.options}
-        return EnvContext(sandbox=sandbox, max_turns=e.max_turns, feedback_chars=e.feedback_chars, options=options)
+        return env_context(self.cfg, sandbox)
 
     def collect(self, step: int, sandbox: Sandbox, timer: Timer):
         """Sample, execute and reward `prompts_per_step` tasks x `group_size`. With DAPO's dynamic sampling,
@@ -464,6 +382,13 @@ class RLTrainer:
             config_yaml=self.cfg.to_yaml(), extra=extra,
         )
         self.saver.save(snap)
+
+
+def env_context(cfg: RunConfig, sandbox: Sandbox | None) -> EnvContext:
+    """What the environments of a run get: the sandbox, `env.*`, and the reward-hacking guard settings."""
+    e, r = cfg.env, cfg.reward
+    options = {"guards": r.guards, "guard_kinds": r.guard_kinds, **e.options}
+    return EnvContext(sandbox=sandbox, max_turns=e.max_turns, feedback_chars=e.feedback_chars, options=options)
 
 
 def is_episodic(cfg: RunConfig, tasks: list[Task]) -> bool:

@@ -24,7 +24,7 @@ from tempering.data import generate_tasks, load_tasks, save_tasks, split_stages
 from tempering.envs import EnvContext
 from tempering.errors import ConfigError
 from tempering.eval.evaluate import EvalReport, evaluate, evaluate_episodes
-from tempering.loop import RLTrainer, is_episodic
+from tempering.loop import RLTrainer, env_context, is_episodic
 from tempering.models.loading import (
     build_tiny_model,
     check_model_dir,
@@ -66,9 +66,7 @@ class Workspace:
         self.console.print(message)
 
     def env_context(self, sandbox: Sandbox) -> EnvContext:
-        e, r = self.cfg.env, self.cfg.reward
-        return EnvContext(sandbox=sandbox, max_turns=e.max_turns, feedback_chars=e.feedback_chars,
-                          options={"guards": r.guards, "guard_kinds": r.guard_kinds, **e.options})
+        return env_context(self.cfg, sandbox)
 
     def transcripts(self, sandbox: Sandbox) -> list[tuple[Task, Transcript]]:
         """SFT transcripts of the SFT tasks (built once; deterministic in the data seed)."""

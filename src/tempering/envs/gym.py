@@ -6,7 +6,10 @@ dataset's own verifier. What the adapter fixes (measured on reasoning-gym 0.1.25
 `composite` is a mixer, not a task family, and is left out; `list_functions` draws from the global
 `random` module, so it is seeded per entry; `arc_agi`/`rearc` compare tuples that JSON turns into lists;
 `game_of_life_halting`'s verifier gives full credit to any non-empty answer and is replaced by an exact
-match; a verifier that raises on a malformed answer scores 0.
+match; a verifier that raises on a malformed answer scores 0. Not fixed: five generators
+(isomorphic_strings, knight_swap, polynomial_multiplication, ransom_note, word_ladder) iterate over sets of
+strings, so their tasks depend on PYTHONHASHSEED; a run directory keeps the tasks it generated
+(RUN_DIR/data), so its resumes see the same ones - set PYTHONHASHSEED for identical sets across runs.
 """
 
 from __future__ import annotations
