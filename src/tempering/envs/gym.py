@@ -19,8 +19,8 @@ import json
 import random
 from typing import Any
 
-from tempering.envs.answer import answers_match, extract_answer
-from tempering.envs.base import Environment, Step, register
+from tempering.envs.answer import AnswerEnv, answers_match
+from tempering.envs.base import register
 from tempering.types import Task
 
 EXCLUDED = {"composite"}
@@ -66,23 +66,13 @@ def score_gym_answer(task: Task, answer: str) -> float:
 
 
 @register
-class GymEnv(Environment):
+class GymEnv(AnswerEnv):
+    """An answer-matching episode judged by the dataset's verifier (partial credit allowed; success = 1.0)."""
+
     kind = "reasoning_gym"
-    outcome = frozenset({"correct"})
-    default_weights = {"correct": 1.0}
 
-    def reset(self, task: Task) -> str:
-        self.task, self.turn = task, 0
-        return task.prompt
-
-    def step(self, action: str) -> Step:
-        self.turn += 1
-        answer = extract_answer(action)
-        score = score_gym_answer(self.task, answer)
-        success = score >= 1.0
-        done = success or self.turn >= self.ctx.max_turns
-        observation = None if done else "# incorrect, try again\n"
-        return Step(observation, {"correct": score}, done, {"success": success, "answer": answer})
+    def judge(self, answer: str) -> tuple[float, str]:
+        return score_gym_answer(self.task, answer), "incorrect"
 
 
 def gym_tasks(datasets: list[str] | None, per_domain_train: int, per_domain_heldout: int, seed: int,
