@@ -176,7 +176,7 @@ class RLTrainer:
                     max_new_tokens=ro.max_new_tokens, max_context=cfg.env.max_context, temperature=ro.temperature,
                     top_p=ro.top_p, generator=generator, seed=step_seed(cfg.run.seed, step, 4 + round_),
                     chat=cfg.env.chat_format)
-            rewards = episode_rewards(episodes, cfg.env.weights)
+            rewards = episode_rewards(episodes, cfg.env.weights, self.reward_fn.step_fn)
             batch = collate_episodes(episodes, rewards, self.tokenizer.pad_token_id, group_offset=offset)
             return batch, episodes, rewards, torch.tensor([e.truncated for e in episodes])
         with timer("gen"):

@@ -155,3 +155,18 @@ def test_a_group_shares_its_prompt_and_episodes_are_repeatable(tiny, tasks, sand
     assert [e.ids for e in a] == [e.ids for e in b]
     assert [e.group_id for e in a] == [0, 0, 0, 1, 1, 1]
     assert len({tuple(e.prompt_ids) for e in a[:3]}) == 1
+
+
+def test_the_step_reward_hook_scores_each_turn(tiny):
+    model, tokenizer = tiny
+    task = tool_tasks("tool_db_get")[0]
+    script = [task.metadata["reference"][0], format_answer(task.answer)]
+    engine = ScriptedEngine(lambda turn, _: script[turn])
+    episodes = run_episodes(model, tokenizer, [task], EnvContext(max_turns=3), group_size=1, max_new_tokens=200,
+                            max_context=10_000, engine=engine, chat="plain")
+    [reward] = episode_rewards(episodes, step_fn=lambda task, steps: [0.5 if "<tool_call>" in s else 0.0
+                                                                        for s in steps])
+    assert reward.info["turn_rewards"] == [0.5, 0.0] and reward.components["step"] == 0.5
+    assert reward.score == 1.5
+    batch = collate_episodes(episodes, [reward], tokenizer.pad_token_id)
+    assert batch.token_rewards[0, episodes[0].turn_ends[0]] == 0.5

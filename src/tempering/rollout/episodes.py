@@ -11,6 +11,7 @@ episode ends and is marked truncated.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -145,9 +146,12 @@ def run_episodes(
 # ------------------------------------------------------------------------------------------ rewards
 
 
-def episode_rewards(episodes: list[Episode], weights: dict[str, float] | None = None) -> list[RewardResult]:
+def episode_rewards(episodes: list[Episode], weights: dict[str, float] | None = None,
+                    step_fn: Callable[..., list[float]] | None = None) -> list[RewardResult]:
     """Each episode's outcome (its environment's `outcome` components, from the final step) and process
-    rewards (every other component, per turn). Weights: `weights`, else the environment's defaults."""
+    rewards (every other component, per turn). Weights: `weights`, else the environment's defaults.
+    `step_fn(task, [action of each turn]) -> one score per turn` (`reward.step_fn`) adds a process reward
+    per turn, logged as the component `step`."""
     out = []
     for e in episodes:
         w = {**type(e.env).default_weights, **(weights or {})}
@@ -160,6 +164,12 @@ def episode_rewards(episodes: list[Episode], weights: dict[str, float] | None = 
             per_turn.append(sum(w.get(k, 0.0) * v for k, v in process.items()))
             for k, v in process.items():
                 components[k] = components.get(k, 0.0) + float(v)
+        if step_fn is not None and e.turns:
+            scores = [float(x) for x in step_fn(e.task, [t.action for t in e.turns])]
+            if len(scores) != len(e.turns):
+                raise ValueError(f"step reward function returned {len(scores)} scores for {len(e.turns)} turns")
+            per_turn = [p + x for p, x in zip(per_turn, scores)]
+            components["step"] = sum(scores)
         outcome = sum(w.get(name, 0.0) * components[name] for name in outcome_names)
         out.append(RewardResult(score=outcome + sum(per_turn), components=components,
                                 info={"outcome": outcome, "turn_rewards": per_turn}))
