@@ -130,7 +130,7 @@ def builtin_tasks(cfg: RunConfig) -> tuple[list[Task], list[Task]]:
         if d.generator == "code":
             return generate_tasks(d.num_train, d.num_heldout, d.seed, d.domains)
         if d.generator == "tools":
-            from tempering.envs.tools import generate_tool_tasks
+            from tempering.envs.tool_tasks import generate_tool_tasks
 
             return generate_tool_tasks(d.num_train, d.num_heldout, d.seed)
         if d.generator == "answer":

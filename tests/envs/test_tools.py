@@ -5,14 +5,13 @@ from __future__ import annotations
 import pytest
 
 from tempering.envs.base import ENVIRONMENTS, EnvContext, make_env
+from tempering.envs.tool_tasks import DOMAINS, generate_tool_tasks
 from tempering.envs.tools import (
-    DOMAINS,
     FLAKY_ERRORS,
     TOOLS,
     ToolEnv,
     calculate,
     format_call,
-    generate_tool_tasks,
     parse_action,
     reference_episode,
 )

@@ -1,7 +1,7 @@
 """SFT transcripts for episodes: what is trained on, and that the tokens are the rollout's."""
 
 from tempering.envs import EnvContext
-from tempering.envs.tools import generate_tool_tasks
+from tempering.envs.tool_tasks import generate_tool_tasks
 from tempering.rollout.chat import chat_format
 from tempering.training.sft import encode_transcript, sft_completion
 from tempering.training.transcripts import sft_transcripts, transcript_text
