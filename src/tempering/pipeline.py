@@ -22,6 +22,7 @@ from rich.table import Table
 from tempering.config import RunConfig
 from tempering.data import generate_tasks, load_tasks, save_tasks, split_stages
 from tempering.envs import EnvContext
+from tempering.envs.tools import tool_declarations
 from tempering.errors import ConfigError
 from tempering.eval.evaluate import EvalReport, evaluate, evaluate_episodes
 from tempering.loop import RLTrainer, env_context, is_episodic
@@ -213,7 +214,8 @@ def sft_stage(ws: Workspace, start: Path, sandbox: Sandbox | None = None) -> Pat
     examples = None
     if ws.episodic:
         fmt = chat_format(tokenizer, cfg.env.chat_format)
-        examples = [encode_transcript(fmt, t.prompt, tr) for t, tr in ws.transcripts(sandbox)]
+        examples = [encode_transcript(fmt, t.prompt, tr, tool_declarations(t) if t.env == "tool" else None)
+                    for t, tr in ws.transcripts(sandbox)]
     with (out / "metrics.jsonl").open("w") as f:
         def on_step(step: int, row: dict[str, float]) -> None:
             f.write(json.dumps(row) + "\n")

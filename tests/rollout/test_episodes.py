@@ -131,7 +131,8 @@ def test_the_context_budget_ends_an_episode_as_truncated(tiny):
 def test_the_chat_template_format_renders_exactly_the_template(tiny):
     model, tokenizer = tiny
     tokenizer.chat_template = (
-        "{% for m in messages %}<bos>{{ m['role'] }}: {{ m['content'] }}<eos>\n{% endfor %}"
+        "{% if tools %}<bos>system: tools {% for t in tools %}{{ t['function']['name'] }} {% endfor %}<eos>\n"
+        "{% endif %}{% for m in messages %}<bos>{{ m['role'] }}: {{ m['content'] }}<eos>\n{% endfor %}"
         "{% if add_generation_prompt %}<bos>assistant: {% endif %}")
     task = tool_tasks("tool_db_get")[0]
     script = [task.metadata["reference"][0], format_answer(task.answer)]
@@ -139,8 +140,9 @@ def test_the_chat_template_format_renders_exactly_the_template(tiny):
     [episode] = run_episodes(model, tokenizer, [task], EnvContext(max_turns=3), group_size=1, max_new_tokens=200,
                              max_context=10_000, engine=engine, chat="auto")
     messages = episode.conversation.messages + [{"role": "assistant", "content": script[-1]}]
-    rendered = tokenizer.apply_chat_template(messages, tokenize=False)
+    rendered = tokenizer.apply_chat_template(messages, tools=episode.conversation.tools, tokenize=False)
     assert tokenizer.decode(episode.prompt_ids + episode.ids) == rendered.rstrip("\n")
+    assert rendered.startswith("<bos>system: tools db_get <eos>")  # the JSON-schema declarations reach it
     assert episode.success
     # The policy's tokens are exactly the actions and their end-of-turn token.
     policy_text = tokenizer.decode([t for t, p in zip(episode.ids, episode.policy) if p])

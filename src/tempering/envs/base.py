@@ -64,6 +64,11 @@ class Environment(ABC):
     def step(self, action: str) -> Step:
         """Apply one policy action."""
 
+    def tool_schemas(self) -> list[dict[str, Any]] | None:
+        """Tools of this episode, as chat templates take them ({"type": "function", "function": schema});
+        None for environments without tools."""
+        return None
+
 
 ENVIRONMENTS: dict[str, type[Environment]] = {}
 

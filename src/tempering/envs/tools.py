@@ -331,6 +331,11 @@ class ToolBox:
 # ------------------------------------------------------------------------------- judging and environment
 
 
+def tool_declarations(task: Task) -> list[dict[str, Any]]:
+    """The task's tools as chat templates take them: [{"type": "function", "function": JSON schema}]."""
+    return [{"type": "function", "function": TOOLS[name]} for name in task.metadata.get("tools", [])]
+
+
 @register
 class ToolEnv(Environment):
     """One tool-use episode: calls until an answer, or until `ctx.max_turns` actions have been taken."""
@@ -374,6 +379,10 @@ class ToolEnv(Environment):
             return Step(None, rewards, True, info)
         return Step(f"<tool_response>{clip_middle(result.text, self.ctx.feedback_chars)}</tool_response>\n",
                     rewards, False, info)
+
+    def tool_schemas(self) -> list[dict[str, Any]] | None:
+        assert self.task is not None, "reset first"
+        return tool_declarations(self.task)
 
     def _solved(self, answer: str) -> bool:
         assert self.task is not None and self.tools is not None

@@ -22,6 +22,8 @@ class Conversation:
     """The messages of one episode so far (what a chat template renders)."""
 
     messages: list[dict[str, str]] = field(default_factory=list)
+    tools: list[dict] | None = None
+    """Tool declarations ({"type": "function", "function": JSON schema}) the template renders."""
 
 
 class PlainFormat:
@@ -30,8 +32,9 @@ class PlainFormat:
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
 
-    def start(self, prompt: str) -> tuple[list[int], Conversation]:
-        return encode_prompt(self.tokenizer, prompt), Conversation([{"role": "user", "content": prompt}])
+    def start(self, prompt: str, tools: list[dict] | None = None) -> tuple[list[int], Conversation]:
+        """The prompt text carries everything (a tool task's prompt already lists its tools)."""
+        return encode_prompt(self.tokenizer, prompt), Conversation([{"role": "user", "content": prompt}], tools)
 
     def observation(self, conv: Conversation, action: str, ended: bool, observation: str) -> list[int]:
         """Ids that follow an action (whose sampled ids end with EOS when `ended`) and carry `observation`."""
@@ -48,20 +51,22 @@ class TemplateFormat:
             raise ValueError("rollout.chat_format=template: this tokenizer has no chat template")
         self.tokenizer, self.role = tokenizer, observation_role
 
-    def _render(self, messages: list[dict[str, str]], generation_prompt: bool) -> str:
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+    def _render(self, conv: Conversation, messages: list[dict[str, str]], generation_prompt: bool) -> str:
+        return self.tokenizer.apply_chat_template(messages, tools=conv.tools, tokenize=False,
+                                                  add_generation_prompt=generation_prompt)
 
     def _ids(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False).input_ids
 
-    def start(self, prompt: str) -> tuple[list[int], Conversation]:
-        conv = Conversation([{"role": "user", "content": prompt}])
-        return self._ids(self._render(conv.messages, True)), conv
+    def start(self, prompt: str, tools: list[dict] | None = None) -> tuple[list[int], Conversation]:
+        """`tools` go to the template's own tool section (Qwen, Llama 3, Hermes templates have one)."""
+        conv = Conversation([{"role": "user", "content": prompt}], tools)
+        return self._ids(self._render(conv, conv.messages, True)), conv
 
     def observation(self, conv: Conversation, action: str, ended: bool, observation: str) -> list[int]:
-        before = self._render(conv.messages + [{"role": "assistant", "content": action}], False)
+        before = self._render(conv, conv.messages + [{"role": "assistant", "content": action}], False)
         conv.messages += [{"role": "assistant", "content": action}, {"role": self.role, "content": observation}]
-        after = self._render(conv.messages, True)
+        after = self._render(conv, conv.messages, True)
         if not after.startswith(before):
             raise ValueError("the chat template renders an earlier turn differently once a later one follows; "
                              "use rollout.chat_format=plain")

@@ -98,7 +98,7 @@ def run_episodes(
     for i in range(len(tasks) * group_size):
         task = tasks[i // group_size]
         env = make_env(task, ctx, seed=seed * 100_003 + i)
-        prompt_ids, conv = fmt.start(env.reset(task))
+        prompt_ids, conv = fmt.start(env.reset(task), tools=env.tool_schemas())
         episodes.append(Episode(task, i // group_size, env, prompt_ids, conv))
     eos = tokenizer.eos_token_id
     active = list(episodes)

@@ -59,11 +59,12 @@ Transcript = list[tuple[str, "str | None", bool]]
 """A multi-turn SFT example after its prompt: (action, observation or None, train on this action?)."""
 
 
-def encode_transcript(fmt, prompt: str, transcript: Transcript) -> tuple[list[int], list[int], list[float]]:
+def encode_transcript(fmt, prompt: str, transcript: Transcript, tools: list[dict] | None = None,
+                      ) -> tuple[list[int], list[int], list[float]]:
     """(prompt ids, ids after the prompt, loss mask over them) in the rollout's chat format: observations
     and the actions not marked for training are context only."""
     tokenizer = fmt.tokenizer
-    prompt_ids, conv = fmt.start(prompt)
+    prompt_ids, conv = fmt.start(prompt, tools)
     ids: list[int] = []
     mask: list[float] = []
     for action, observation, train in transcript:
