@@ -100,7 +100,6 @@ def run_episodes(
         env = make_env(task, ctx, seed=seed * 100_003 + i)
         prompt_ids, conv = fmt.start(env.reset(task), tools=env.tool_schemas())
         episodes.append(Episode(task, i // group_size, env, prompt_ids, conv))
-    eos = tokenizer.eos_token_id
     active = list(episodes)
     with ThreadPoolExecutor(max_workers=8, thread_name_prefix="env") as pool:
         for turn in range(ctx.max_turns):
@@ -112,20 +111,10 @@ def run_episodes(
             if not running:
                 break
             gen = engine(model, tokenizer, [e.prompt_ids + e.ids for e, _ in running],
-                           max_new_tokens=min(max_new_tokens, max(room for _, room in running)),
-                           temperature=temperature, top_p=top_p, greedy=greedy, generator=generator)
-            actions = []
-            for row, (e, room) in enumerate(running):
-                n = min(int(gen.response_mask[row].sum()), room)
-                ids = gen.response_ids[row, :n].tolist()
-                ended = bool(ids) and ids[-1] == eos
-                e.truncated = n == room and not ended and room < max_new_tokens
-                e.ids += ids
-                e.policy += [True] * n
-                e.logprobs += gen.logprobs[row, :n].tolist()
-                e.turn_ends.append(len(e.ids) - 1)
-                text = tokenizer.decode(ids[:-1] if ended else ids, skip_special_tokens=False)
-                actions.append((e, text, ended))
+                         max_new_tokens=min(max_new_tokens, max(room for _, room in running)),
+                         temperature=temperature, top_p=top_p, greedy=greedy, generator=generator)
+            actions = [(e, *_record_action(e, gen, row, room, tokenizer, max_new_tokens))
+                       for row, (e, room) in enumerate(running)]
             steps = list(pool.map(lambda a: a[0].env.step(a[1]), actions))
             for (e, text, ended), step in zip(actions, steps):
                 last = step.done or turn == ctx.max_turns - 1 or e.truncated
@@ -141,6 +130,20 @@ def run_episodes(
                 e.logprobs += [0.0] * len(obs_ids)
             active = [e for e in active if not e.done]
     return episodes
+
+
+def _record_action(e: Episode, gen, row: int, room: int, tokenizer, max_new_tokens: int) -> tuple[str, bool]:
+    """Append row `row` of a generation to episode `e` (cut to the `room` left in its context budget);
+    -> (the action's text, whether it ended with EOS)."""
+    n = min(int(gen.response_mask[row].sum()), room)
+    ids = gen.response_ids[row, :n].tolist()
+    ended = bool(ids) and ids[-1] == tokenizer.eos_token_id
+    e.truncated = n == room and not ended and room < max_new_tokens
+    e.ids += ids
+    e.policy += [True] * n
+    e.logprobs += gen.logprobs[row, :n].tolist()
+    e.turn_ends.append(len(e.ids) - 1)
+    return tokenizer.decode(ids[:-1] if ended else ids, skip_special_tokens=False), ended
 
 
 # ------------------------------------------------------------------------------------------ rewards
