@@ -1,0 +1,71 @@
+"""What an RL step costs with 1 and with 3 attempts per episode: rollout, update, tokens.
+
+    .venv/bin/python bench/episode_cost.py [--model DIR] [--tasks FILE]
+
+One GRPO-sized batch (16 built-in code tasks x 8 episodes) from the same model: the rollout (generation
+turns + sandbox feedback) and one policy update (2 minibatches) are timed, and the batch's policy tokens
+and attended tokens (policy + observations) counted. Default model: the SFT checkpoint that
+bench/multiturn_compare.py writes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import torch
+
+from tempering.algos import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
+from tempering.data import generate_tasks, load_tasks
+from tempering.envs import EnvContext
+from tempering.models.loading import load_model, load_tokenizer
+from tempering.rollout import generate as generation
+from tempering.rollout.episodes import collate_episodes, episode_rewards, run_episodes
+from tempering.sandbox import LocalSandbox
+from tempering.training.optim import make_optimizer
+from tempering.training.update import update_policy
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=str(ROOT / "runs/multiturn_compare/sft/sft/model"))
+    parser.add_argument("--tasks", help="JSONL task file (default: built-in training tasks)")
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+    model, tokenizer = load_model(args.model), load_tokenizer(args.model)
+    tasks = load_tasks(args.tasks) if args.tasks else generate_tasks(2000, 16, seed=1234)[0]
+    tasks = tasks[100:116]
+    print(f"{'attempts':>8} {'rollout s':>9} {'generation calls (rows x context -> s)':<44} {'update s':>8} "
+          f"{'policy tok':>10} {'attended':>8}")
+    with LocalSandbox(workers=2) as sandbox:
+        for turns in (1, 3):
+            calls: list[str] = []
+
+            def timed(*a, calls=calls, **kw):
+                start = time.perf_counter()
+                gen = generation.generate(*a, **kw)
+                calls.append(f"{len(a[2])}x{max(len(p) for p in a[2])}->{time.perf_counter() - start:.2f}")
+                return gen
+
+            ctx = EnvContext(sandbox, max_turns=turns, feedback_chars=200)
+            start = time.perf_counter()
+            episodes = run_episodes(model, tokenizer, tasks, ctx, group_size=8, max_new_tokens=48, max_context=512,
+                                    generator=torch.Generator().manual_seed(0), engine=timed)
+            rollout_s = time.perf_counter() - start
+            batch = collate_episodes(episodes, episode_rewards(episodes), tokenizer.pad_token_id)
+            batch.advantages, batch.returns = ADVANTAGE_ESTIMATORS["grpo"](batch.rewards, batch.response_mask,
+                                                                           batch.group_ids)
+            optimizer = make_optimizer(model, lr=0.0)  # lr 0: timing only, the model stays as it is
+            start = time.perf_counter()
+            update_policy(model, optimizer, batch.informative(), policy_loss=POLICY_LOSSES["ppo_clip"],
+                          generator=torch.Generator().manual_seed(0), minibatches=2)
+            update_s = time.perf_counter() - start
+            print(f"{turns:>8} {rollout_s:>9.2f} {', '.join(calls):<44} {update_s:>8.2f} "
+                  f"{int(batch.response_mask.sum()):>10} {int(batch.attention.sum()):>8}")
+
+
+if __name__ == "__main__":
+    main()
