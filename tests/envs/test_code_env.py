@@ -47,3 +47,14 @@ def test_program_of_accepts_a_body_a_whole_function_or_a_fenced_block(tasks):
     whole = "def f(x):\n    return 1\n"
     assert program_of(task, whole) == whole
     assert program_of(task, f"Here:\n```python\n{whole}```\n") == whole
+
+
+def test_hidden_check_assertions_are_not_shown(sandbox):
+    from tempering.types import Task
+
+    check = "def check(candidate):\n    assert candidate(2) == 4, f'got {candidate(2)}, want 4'\n"
+    task = Task(id="sq", domain="d", prompt="def f(x):\n", entry_point="f", tests=[{"check": check}])
+    env = make_env(task, EnvContext(sandbox, max_turns=2))
+    env.reset(task)
+    step = env.step("    return x + 1\n")
+    assert "1 of 1 hidden tests fail" in step.observation and "want 4" not in step.observation

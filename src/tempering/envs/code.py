@@ -76,10 +76,16 @@ class CodeEnv(Environment):
             parts = [last_line(t.error or "failed") for t in examples[:2]]
             if failed_hidden:
                 parts.append(f"{len(failed_hidden)} of {hidden} hidden tests fail")
-                errors = [last_line(t.error) for t in failed_hidden if t.error and " expected " not in t.error]
+                errors = [last_line(t.error) for t in failed_hidden if t.error and not _reveals_expected(t.error)]
                 parts += errors[:1]
         text = "; ".join(dict.fromkeys(p for p in parts if p)) or result.status  # each message once
         return f"# feedback: {clip_middle(text, self.ctx.feedback_chars)}\n"
+
+
+def _reveals_expected(error: str) -> bool:
+    """A wrong-value message (call and stdin tests name the expected value) or a failed assertion of
+    check() test code (whose message may hold it): not shown for hidden tests."""
+    return " expected " in error or error.startswith("assertion failed")
 
 
 def last_line(text: str) -> str:
