@@ -115,7 +115,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             report = evaluate_episodes(model, tokenizer, tasks, EnvContext(sandbox, max_turns=args.turns),
                                        samples=args.samples, temperature=args.temperature, greedy=args.greedy,
                                        max_new_tokens=args.max_new_tokens, max_context=args.max_context,
-                                       seed=args.seed)
+                                       seed=args.seed, chat=args.chat_format)
         else:
             report = evaluate(model, tokenizer, tasks, sandbox, samples=args.samples, ks=ks,
                               temperature=args.temperature, greedy=args.greedy, max_new_tokens=args.max_new_tokens,
@@ -255,6 +255,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=48)
     p.add_argument("--turns", type=int, default=1, help="attempts per episode, with feedback between them")
     p.add_argument("--max-context", type=int, default=1024, help="episodes: context budget in tokens")
+    p.add_argument("--chat-format", default="auto", choices=["auto", "plain", "template"],
+                   help="episodes: the format the model was trained with (env.chat_format)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", help="write the report as JSON here")

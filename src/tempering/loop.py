@@ -202,7 +202,9 @@ class RLTrainer:
             batch, items, rewards, truncated = self.sample_round(step, round_, sandbox, timer)
             if not cfg.algo.dynamic_sampling:
                 return batch, items, rewards, truncated, {}
-            _, std, _ = group_mean_std(batch.rewards, batch.group_ids)
+            # The full score (an episode's outcome plus its process rewards) decides what is informative.
+            scores = torch.tensor([r.score for r in rewards], dtype=torch.float32)
+            _, std, _ = group_mean_std(scores, batch.group_ids)
             informative = [i for i in range(len(items)) if std[i] > 0]
             groups = set(sorted({int(batch.group_ids[i]) for i in informative})[: ro.prompts_per_step - kept_groups])
             rows = [i for i in informative if int(batch.group_ids[i]) in groups]
@@ -265,7 +267,7 @@ class RLTrainer:
                         generator=step_generator(cfg.run.seed, step, 1), ppo_epochs=algo.ppo_epochs,
                         minibatches=algo.minibatches, clip_ratio=algo.clip_ratio, clip_ratio_low=algo.clip_ratio_low,
                         clip_ratio_high=algo.clip_ratio_high, clip_ratio_c=algo.clip_ratio_c, loss_agg=algo.loss_agg,
-                        norm_length=ro.max_new_tokens, kl_coef=self.kl.coef if algo.kl_mode == "loss" else 0.0,
+                        norm_length=ro.max_new_tokens * (cfg.env.max_turns if self.episodic else 1), kl_coef=self.kl.coef if algo.kl_mode == "loss" else 0.0,
                         kl_estimator=algo.kl_estimator, entropy_coef=algo.entropy_coef,
                         max_grad_norm=algo.max_grad_norm, temperature=ro.temperature,
                     ))

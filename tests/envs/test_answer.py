@@ -6,8 +6,8 @@ from tempering.envs.answer import check_countdown, extract_answer, generate_answ
 
 def test_extract_answer_prefers_the_tag_then_the_last_answer_line():
     assert extract_answer("think...<answer> 42 </answer>") == "42"
-    assert extract_answer("Answer: 3\nAnswer: 7\nbye") == "7"
-    assert extract_answer("\n  12\nmore") == "12"
+    assert extract_answer("Answer: 3\nAnswer: 7") == "7"
+    assert extract_answer("\n  1 2\n3 4\n") == "1 2\n3 4"  # a grid spans lines
 
 
 def test_countdown_checks_numbers_and_target():

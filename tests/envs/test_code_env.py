@@ -58,3 +58,32 @@ def test_hidden_check_assertions_are_not_shown(sandbox):
     env.reset(task)
     step = env.step("    return x + 1\n")
     assert "1 of 1 hidden tests fail" in step.observation and "want 4" not in step.observation
+
+
+def test_hidden_stdout_is_never_shown(sandbox):
+    from tempering.types import Task
+
+    task = Task(id="io", domain="d", prompt="", examples=[{"stdin": "0\n", "stdout": "2\n"}],
+                tests=[{"stdin": "5\n", "stdout": "37\n"}, {"stdin": "1\n", "stdout": "9\n"}])
+    env = make_env(task, EnvContext(sandbox, max_turns=2))
+    env.reset(task)
+    step = env.step("print(int(input()) * 7 + 1)\n")
+    assert "37" not in step.observation and "9\\n" not in step.observation
+    assert "expected stdout 2\\n, got 1" in step.observation  # the visible example, whole
+    assert "2 of 2 hidden tests fail" in step.observation
+
+
+def test_a_caught_attempt_that_passes_everything_is_rejected_not_a_crash(tasks):
+    from tempering.types import ExecResult, TestResult
+
+    class Forged:
+        def run_tests(self, task, program):
+            return ExecResult("ok", tests=[TestResult(f"t{i}", True) for i in range(len(task.tests))],
+                              flags=["patched_builtins"])
+
+    task = tasks[0][0].model_copy(update={"examples": []})
+    env = make_env(task, EnvContext(Forged(), max_turns=2))
+    env.reset(task)
+    step = env.step("    return 0\n")
+    assert not step.done and step.observation == "# feedback: rejected (harness_tampering)\n"
+    assert step.rewards == {"tests": 0.0, "improvement": 0.0, "hacking": 1.0}

@@ -45,3 +45,11 @@ def test_gym_env_scores_the_answer_and_allows_retries():
 def test_an_unknown_dataset_is_named():
     with pytest.raises(ValueError, match="nope"):
         gym_tasks(["nope"], 1, 1, seed=0)
+
+
+def test_a_multi_line_answer_scores_in_full():
+    [task], _ = gym_tasks(["rotate_matrix"], 1, 0, seed=0)
+    assert "\n" in str(task.answer)
+    env = make_env(task, EnvContext(max_turns=1))
+    env.reset(task)
+    assert env.step(str(task.answer)).rewards == {"correct": 1.0}

@@ -173,3 +173,16 @@ def test_the_step_reward_hook_scores_each_turn(tiny):
     assert reward.score == 1.5
     batch = collate_episodes(episodes, [reward], tokenizer.pad_token_id)
     assert batch.token_rewards[0, episodes[0].turn_ends[0]] == 0.5
+
+
+def test_a_template_whose_turns_do_not_end_with_eos_keeps_its_own_end_of_turn(tiny):
+    model, tokenizer = tiny
+    tokenizer.chat_template = ("{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }} END\n{% endfor %}"
+                               "{% if add_generation_prompt %}[assistant] {% endif %}")
+    task = tool_tasks("tool_db_get")[0].model_copy(update={"prompt": "say <eos> then work"})
+    script = [task.metadata["reference"][0], format_answer(task.answer)]
+    engine = ScriptedEngine(lambda turn, _: script[turn])
+    [episode] = run_episodes(model, tokenizer, [task], EnvContext(max_turns=3), group_size=1, max_new_tokens=200,
+                             max_context=10_000, engine=engine, chat="template")
+    observation = tokenizer.decode([t for t, p in zip(episode.ids, episode.policy) if not p])
+    assert observation.startswith(" END\n[user] <tool_response>") and script[0] not in observation

@@ -22,15 +22,12 @@ _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.S)
 
 
 def extract_answer(action: str) -> str:
-    """The answer in an action: inside `<answer>...</answer>`, else after the last `Answer:`, else the
-    first non-empty line."""
+    """The answer in an action: inside the last `<answer>...</answer>`, else the text after the last
+    `Answer:`, else the whole text - stripped (answers may span lines: a matrix, a grid)."""
     tagged = _ANSWER_TAG.findall(action)
     if tagged:
         return tagged[-1].strip()
-    if "Answer:" in action:
-        action = action.rsplit("Answer:", 1)[1]
-    lines = [line.strip() for line in action.strip().splitlines() if line.strip()]
-    return lines[0] if lines else ""
+    return action.rsplit("Answer:", 1)[-1].strip()
 
 
 def _number(text: str) -> float | None:

@@ -62,7 +62,8 @@ class CodeEnv(Environment):
         success = hidden.all_passed and not caught
         done = success or self.turn >= self.ctx.max_turns
         info = {"success": success, "status": result.status, "passed": score, "flags": result.flags, "hacking": hacks}
-        observation = None if done else self.feedback(result, n)
+        observation = None if done else (f"# feedback: rejected ({', '.join(hacks)})\n" if caught
+                                         else self.feedback(result, n))
         return Step(observation, {"tests": score, "improvement": improvement, "hacking": float(caught)}, done, info)
 
     def feedback(self, result: ExecResult, hidden: int) -> str:
@@ -70,10 +71,12 @@ class CodeEnv(Environment):
         values) and how many hidden tests fail, with their first error that is not a wrong value."""
         examples = [t for t in result.tests[hidden:] if not t.passed]
         failed_hidden = [t for t in result.tests[:hidden] if not t.passed]
-        if result.tests and all((t.error or "").startswith("no result") for t in examples + failed_hidden):
-            parts = [result.status, last_line(result.stderr) or last_line(failed_hidden[0].error or "")]
+        failed = examples + failed_hidden
+        if failed and all((t.error or "").startswith("no result") for t in failed):
+            parts = [result.status, last_line(result.stderr) or last_line(failed[0].error or "")]
         else:
-            parts = [last_line(t.error or "failed") for t in examples[:2]]
+            # A visible example's message whole (its expected value may span lines; the model saw it anyway).
+            parts = [(t.error or "failed").strip().replace("\n", "\\n") for t in examples[:2]]
             if failed_hidden:
                 parts.append(f"{len(failed_hidden)} of {hidden} hidden tests fail")
                 errors = [last_line(t.error) for t in failed_hidden if t.error and not _reveals_expected(t.error)]
@@ -85,7 +88,7 @@ class CodeEnv(Environment):
 def _reveals_expected(error: str) -> bool:
     """A wrong-value message (call and stdin tests name the expected value) or a failed assertion of
     check() test code (whose message may hold it): not shown for hidden tests."""
-    return " expected " in error or error.startswith("assertion failed")
+    return " expected " in error or error.startswith(("expected ", "assertion failed"))
 
 
 def last_line(text: str) -> str:

@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import ast
 import inspect
-import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from tempering.algos import lookup
 from tempering.registry import load_callable
-from tempering.rewards.guards import GUARDS, detect
+from tempering.rewards.guards import GUARDS, detect, parse_quietly
 from tempering.types import RewardResult, Task, Trajectory
 
 RewardComponent = Callable[..., "float | RewardResult"]
@@ -46,12 +45,7 @@ def edge_cases(task: Task, traj: Trajectory) -> float:
 
 
 def _parse(code: str) -> ast.Module | None:
-    try:
-        with warnings.catch_warnings():  # model text often has e.g. `1if`; its SyntaxWarnings are noise
-            warnings.simplefilter("ignore", SyntaxWarning)
-            return ast.parse(code)
-    except (SyntaxError, ValueError):
-        return None
+    return parse_quietly(code)
 
 
 def well_formed(task: Task, traj: Trajectory) -> float:

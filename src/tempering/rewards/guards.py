@@ -14,6 +14,7 @@ Kinds:
 from __future__ import annotations
 
 import ast
+import threading
 import warnings
 from collections.abc import Callable
 
@@ -34,12 +35,23 @@ def always_equal(task: Task, traj: Trajectory) -> bool:
     return "non_builtin_output" in (traj.exec_result.flags if traj.exec_result else ())
 
 
-def _literals(code: str) -> set:
+_WARNINGS = threading.Lock()
+
+
+def parse_quietly(code: str) -> ast.Module | None:
+    """`ast.parse` without the SyntaxWarnings model text is full of (`1if`), or None if it does not parse.
+    `catch_warnings` swaps process-wide state, so environments stepping in threads take turns."""
     try:
-        with warnings.catch_warnings():
+        with _WARNINGS, warnings.catch_warnings():
             warnings.simplefilter("ignore", SyntaxWarning)
-            tree = ast.parse(code)
-    except (SyntaxError, ValueError):
+            return ast.parse(code)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+
+
+def _literals(code: str) -> set:
+    tree = parse_quietly(code)
+    if tree is None:
         return set()
     found = set()
     for node in ast.walk(tree):

@@ -39,7 +39,8 @@ class PlainFormat:
     def observation(self, conv: Conversation, action: str, ended: bool, observation: str) -> list[int]:
         """Ids that follow an action (whose sampled ids end with EOS when `ended`) and carry `observation`."""
         conv.messages += [{"role": "assistant", "content": action}, {"role": "user", "content": observation}]
-        ids = self.tokenizer(observation, add_special_tokens=False).input_ids
+        # Feedback may echo model text such as "<eos>": as text, never as a control token.
+        ids = self.tokenizer(observation, add_special_tokens=False, split_special_tokens=True).input_ids
         return ids if ended else [self.tokenizer.eos_token_id, *ids]
 
 
@@ -70,11 +71,13 @@ class TemplateFormat:
         if not after.startswith(before):
             raise ValueError("the chat template renders an earlier turn differently once a later one follows; "
                              "use rollout.chat_format=plain")
-        # The sampled action ended with the template's end-of-turn token (EOS); what the template writes
-        # after that token in `before` (often a newline) belongs to the observation.
-        eos = self.tokenizer.eos_token
-        cut = before.rfind(eos) if eos else -1
-        tail = before[cut + len(eos):] if cut >= 0 else ""
+        # The sampled action ended with EOS, already among the policy's ids; what the template writes after
+        # the action (its end-of-turn, often EOS itself, then e.g. a newline) belongs to the observation.
+        # Anchored on the action, so an EOS text earlier in the conversation cannot be taken for it.
+        eos = self.tokenizer.eos_token or ""
+        at = before.rfind(action)
+        tail = before[at + len(action):] if at >= 0 else before[before.rfind(eos) + len(eos):] if eos in before else ""
+        tail = tail[len(eos):] if eos and tail.startswith(eos) else tail
         ids = self._ids(tail + after[len(before):])
         return ids if ended else [self.tokenizer.eos_token_id, *ids]
 

@@ -124,7 +124,9 @@ def run_episodes(
                     e.done = True
                     continue
                 obs_ids = fmt.observation(e.conversation, text, ended, observation)
-                obs_ids = obs_ids[: max(0, max_context - len(e.prompt_ids) - len(e.ids))]  # past it: truncated
+                room = max_context - len(e.prompt_ids) - len(e.ids)
+                if len(obs_ids) >= room:  # the budget is reached inside the observation
+                    obs_ids, e.truncated, e.done = obs_ids[: max(0, room)], True, True
                 e.ids += obs_ids
                 e.policy += [False] * len(obs_ids)
                 e.logprobs += [0.0] * len(obs_ids)
