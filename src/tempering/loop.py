@@ -172,7 +172,7 @@ class RLTrainer:
         if self.episodic:
             with timer("gen"):
                 episodes = run_episodes(
-                    self.policy, self.tokenizer, tasks, self.env_context(sandbox), group_size=ro.group_size,
+                    self.policy, self.tokenizer, tasks, env_context(cfg, sandbox), group_size=ro.group_size,
                     max_new_tokens=ro.max_new_tokens, max_context=cfg.env.max_context, temperature=ro.temperature,
                     top_p=ro.top_p, generator=generator, seed=step_seed(cfg.run.seed, step, 4 + round_),
                     chat=cfg.env.chat_format)
@@ -188,9 +188,6 @@ class RLTrainer:
             rewards = self.reward_fn.batch(trajectories)
         batch = collate(gen, trajectories, rewards, group_offset=offset, tokenizer=self.tokenizer)
         return batch, trajectories, rewards, gen.truncated
-
-    def env_context(self, sandbox: Sandbox) -> EnvContext:
-        return env_context(self.cfg, sandbox)
 
     def collect(self, step: int, sandbox: Sandbox, timer: Timer):
         """Sample, execute and reward `prompts_per_step` tasks x `group_size`. With DAPO's dynamic sampling,
@@ -267,7 +264,8 @@ class RLTrainer:
                         generator=step_generator(cfg.run.seed, step, 1), ppo_epochs=algo.ppo_epochs,
                         minibatches=algo.minibatches, clip_ratio=algo.clip_ratio, clip_ratio_low=algo.clip_ratio_low,
                         clip_ratio_high=algo.clip_ratio_high, clip_ratio_c=algo.clip_ratio_c, loss_agg=algo.loss_agg,
-                        norm_length=ro.max_new_tokens * (cfg.env.max_turns if self.episodic else 1), kl_coef=self.kl.coef if algo.kl_mode == "loss" else 0.0,
+                        norm_length=ro.max_new_tokens * (cfg.env.max_turns if self.episodic else 1),
+                        kl_coef=self.kl.coef if algo.kl_mode == "loss" else 0.0,
                         kl_estimator=algo.kl_estimator, entropy_coef=algo.entropy_coef,
                         max_grad_norm=algo.max_grad_norm, temperature=ro.temperature,
                     ))
@@ -308,7 +306,7 @@ class RLTrainer:
         cfg = self.cfg
         kw = dict(max_new_tokens=cfg.rollout.max_new_tokens, max_context=cfg.env.max_context,
                   chat=cfg.env.chat_format)
-        ctx = self.env_context(sandbox)
+        ctx = env_context(cfg, sandbox)
         sampled = evaluate_episodes(self.policy, self.tokenizer, tasks, ctx, samples=2,
                                     temperature=cfg.eval.temperature, seed=seed, **kw)
         greedy = evaluate_episodes(self.policy, self.tokenizer, tasks, ctx, greedy=True, **kw)

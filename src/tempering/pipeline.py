@@ -20,8 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tempering.config import RunConfig
-from tempering.data import generate_tasks, load_tasks, save_tasks, split_stages
-from tempering.envs import EnvContext
+from tempering.data import MixtureSampler, generate_tasks, load_tasks, save_tasks, split_stages
 from tempering.envs.tools import tool_declarations
 from tempering.errors import ConfigError
 from tempering.eval.evaluate import EvalReport, evaluate, evaluate_episodes
@@ -66,14 +65,11 @@ class Workspace:
     def log(self, message: str) -> None:
         self.console.print(message)
 
-    def env_context(self, sandbox: Sandbox) -> EnvContext:
-        return env_context(self.cfg, sandbox)
-
     def transcripts(self, sandbox: Sandbox) -> list[tuple[Task, Transcript]]:
         """SFT transcripts of the SFT tasks (built once; deterministic in the data seed)."""
         if self._transcripts is None:
             # Reference transcripts may need more turns than RL allows (retries of a flaky call).
-            ctx = self.env_context(sandbox)
+            ctx = env_context(self.cfg, sandbox)
             ctx.max_turns = max(ctx.max_turns, 8)
             self._transcripts = sft_transcripts(self.sft_tasks, ctx, repair_fraction=self.cfg.sft.repair_fraction,
                                                 seed=self.cfg.data.seed)
@@ -107,8 +103,6 @@ def prepare(cfg: RunConfig, console: Console | None = None) -> Workspace:
     except ValueError as e:
         raise ConfigError(str(e)) from None
     if cfg.data.mixture:
-        from tempering.data import MixtureSampler
-
         try:
             MixtureSampler(rl, cfg.data.mixture, cfg.run.seed)
         except ValueError as e:
@@ -246,7 +240,7 @@ def heldout_eval(ws: Workspace, model_dir: Path, sandbox: Sandbox, name: str) ->
     if ws.episodic:
         kw = dict(max_new_tokens=cfg.rollout.max_new_tokens, max_context=cfg.env.max_context,
                   chat=cfg.env.chat_format)
-        ctx = ws.env_context(sandbox)
+        ctx = env_context(cfg, sandbox)
         sampled = evaluate_episodes(model, tokenizer, ws.heldout_tasks, ctx, samples=cfg.eval.samples,
                                     temperature=cfg.eval.temperature, seed=cfg.run.seed + 7, **kw)
         greedy = evaluate_episodes(model, tokenizer, ws.heldout_tasks, ctx, greedy=True, **kw)

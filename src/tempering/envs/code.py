@@ -23,6 +23,20 @@ from tempering.types import ExecResult, Task, Trajectory
 _FENCE = re.compile(r"```[a-zA-Z0-9_+-]*\n(.*?)(?:```|$)", re.S)
 
 
+def with_examples(task: Task) -> Task:
+    """The task with its visible examples appended to its tests (when they are of the same style), so one
+    execution answers both; `split_examples` separates the results again."""
+    if task.examples and task.examples[0].style == task.tests[0].style:
+        return task.model_copy(update={"tests": task.tests + task.examples})
+    return task
+
+
+def split_examples(result: ExecResult, hidden: int) -> tuple[ExecResult, ExecResult | None]:
+    """(the result on the first `hidden` tests, the result on the examples after them or None)."""
+    examples = replace(result, tests=result.tests[hidden:]) if len(result.tests) > hidden else None
+    return replace(result, tests=result.tests[:hidden]), examples
+
+
 def program_of(task: Task, action: str) -> str:
     """The program an action stands for: a fenced code block or the text itself; a text that does not
     define the entry point continues the prompt (the function body of a completion-style task)."""
@@ -46,15 +60,13 @@ class CodeEnv(Environment):
     def step(self, action: str) -> Step:
         task = self.task
         self.turn += 1
-        extra = task.examples if task.examples and task.examples[0].style == task.tests[0].style else []
-        run = task.model_copy(update={"tests": task.tests + extra})
         program = program_of(task, action)
-        result = self.ctx.sandbox.run_tests(run, program)
+        result = self.ctx.sandbox.run_tests(with_examples(task), program)
         n = len(task.tests)
-        hidden = replace(result, tests=result.tests[:n])
+        hidden, examples = split_examples(result, n)
         attempt = Trajectory(task=task, group_id=0, completion=program[len(task.prompt):]
                              if program.startswith(task.prompt) else program, truncated=False, exec_result=hidden,
-                             example_result=replace(result, tests=result.tests[n:]) if extra else None)
+                             example_result=examples)
         hacks = detect(task, attempt, self.ctx.options.get("guard_kinds"))
         caught = bool(hacks) and self.ctx.options.get("guards", True)
         score = 0.0 if caught else hidden.passed_fraction

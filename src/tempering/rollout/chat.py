@@ -49,7 +49,7 @@ class TemplateFormat:
 
     def __init__(self, tokenizer, observation_role: str = "user"):
         if not getattr(tokenizer, "chat_template", None):
-            raise ValueError("rollout.chat_format=template: this tokenizer has no chat template")
+            raise ValueError("env.chat_format=template: this tokenizer has no chat template")
         self.tokenizer, self.role = tokenizer, observation_role
 
     def _render(self, conv: Conversation, messages: list[dict[str, str]], generation_prompt: bool) -> str:
@@ -70,14 +70,17 @@ class TemplateFormat:
         after = self._render(conv, conv.messages, True)
         if not after.startswith(before):
             raise ValueError("the chat template renders an earlier turn differently once a later one follows; "
-                             "use rollout.chat_format=plain")
+                             "use env.chat_format=plain")
         # The sampled action ended with EOS, already among the policy's ids; what the template writes after
         # the action (its end-of-turn, often EOS itself, then e.g. a newline) belongs to the observation.
         # Anchored on the action, so an EOS text earlier in the conversation cannot be taken for it.
         eos = self.tokenizer.eos_token or ""
         at = before.rfind(action)
-        tail = before[at + len(action):] if at >= 0 else before[before.rfind(eos) + len(eos):] if eos in before else ""
-        tail = tail[len(eos):] if eos and tail.startswith(eos) else tail
+        if at >= 0:
+            tail = before[at + len(action):]
+        else:  # the template rewrote the action (e.g. trimmed it): fall back to the last EOS
+            tail = before[before.rfind(eos) + len(eos):] if eos and eos in before else ""
+        tail = tail.removeprefix(eos) if eos else tail
         ids = self._ids(tail + after[len(before):])
         return ids if ended else [self.tokenizer.eos_token_id, *ids]
 
@@ -90,4 +93,4 @@ def chat_format(tokenizer, name: str = "auto", observation_role: str = "user"):
         return TemplateFormat(tokenizer, observation_role)
     if name == "plain":
         return PlainFormat(tokenizer)
-    raise ValueError(f"rollout.chat_format: unknown format '{name}'; valid: auto, plain, template")
+    raise ValueError(f"env.chat_format: unknown format '{name}'; valid: auto, plain, template")

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import torch
 
+from tempering.envs.code import split_examples, with_examples
 from tempering.rollout.generate import Generation, encode_prompt, generate
 from tempering.sandbox import Sandbox
 from tempering.types import Task, Trajectory
@@ -22,16 +21,12 @@ def execute(trajectories: list[Trajectory], sandbox: Sandbox, needs: set[str] = 
     groups = list(unique.values())
     jobs = []
     for g in groups:
-        task = g[0].task
-        if "examples" in needs and task.examples and task.examples[0].style == task.tests[0].style:
-            # The visible examples ride along as extra tests of the same execution: no extra cost.
-            task = task.model_copy(update={"tests": task.tests + task.examples})
+        # The visible examples ride along as extra tests of the same execution: no extra cost.
+        task = with_examples(g[0].task) if "examples" in needs else g[0].task
         jobs.append((task, g[0].program))
     results = sandbox.run_tests_batch(jobs)
     for group, result in zip(groups, results):
-        n = len(group[0].task.tests)
-        hidden = replace(result, tests=result.tests[:n])
-        examples = replace(result, tests=result.tests[n:]) if len(result.tests) > n else None
+        hidden, examples = split_examples(result, len(group[0].task.tests))
         for traj in group:
             traj.exec_result, traj.example_result = hidden, examples
     if "lint" in needs:

@@ -32,8 +32,6 @@ class Turn:
     """What came back (None when the episode ended with this action)."""
     rewards: dict[str, float]
     info: dict[str, Any]
-    cut: bool
-    """The action hit `max_new_tokens` (or the context budget) before its end-of-turn token."""
 
 
 @dataclass
@@ -62,16 +60,6 @@ class Episode:
     @property
     def first_success(self) -> bool:
         return bool(self.turns and self.turns[0].info.get("success"))
-
-    @property
-    def completion(self) -> str:
-        """The episode after its prompt, as text (for sample logs)."""
-        parts = []
-        for t in self.turns:
-            parts.append(t.action)
-            if t.observation is not None:
-                parts.append(t.observation)
-        return "\n".join(parts)
 
 
 def run_episodes(
@@ -119,7 +107,7 @@ def run_episodes(
             for (e, text, ended), step in zip(actions, steps):
                 last = step.done or turn == ctx.max_turns - 1 or e.truncated
                 observation = None if last else (step.observation or "")
-                e.turns.append(Turn(text, observation, dict(step.rewards), dict(step.info), not ended))
+                e.turns.append(Turn(text, observation, dict(step.rewards), dict(step.info)))
                 if last:
                     e.done = True
                     continue
