@@ -16,7 +16,11 @@ Per execution:
   and parses the returned value as a literal. The verdicts come back on the checker's own pipe, which
   the program cannot reach;
 - afterwards every process the execution left behind is killed (this server is PID 1 of its namespace,
-  or a child subreaper) and the scratch area is wiped.
+  or a child subreaper) and the scratch area is wiped;
+- where the worker has two uids (argv[2] is the program's uid, see `isolation.py`), the program's child
+  and the compiler switch to it, which drops every capability: nothing they do reaches this server or
+  the checker. After each execution the server compares its own rlimits with those it started with and
+  reports any change (`worker_damaged`): the host then replaces the worker.
 """
 # ruff: noqa: I001  (the second import block, preloaded for solutions, is grouped on purpose)
 
@@ -53,7 +57,8 @@ import typing  # noqa: F401
 PLAIN_TYPES = (int, float, complex, str, bytes, bool, type(None), list, tuple, dict, set, frozenset)
 RESULT_CAP = 4 << 20
 MB = 1 << 20
-PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER = 4, 36
+PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 4, 36, 38
+RLIMITS = {name: getattr(resource, name) for name in dir(resource) if name.startswith("RLIMIT_")}
 COMPILE_TIMEOUT_S = 20.0
 COMPILE_MEMORY_MB = 2048
 
@@ -105,11 +110,44 @@ def vm_size_bytes():
     return 0
 
 
+try:
+    LIBC = ctypes.CDLL(None, use_errno=True)
+except OSError:
+    LIBC = None
+
+
 def prctl(option, value):
     try:
-        return ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
-    except (OSError, AttributeError):
+        return LIBC.prctl(option, value, 0, 0, 0)
+    except AttributeError:
         return -1
+
+
+def become_program(program_id):
+    """In a forked child: switch to the program's uid and gid (all capabilities go with the old uid) and
+    forbid gaining any back through exec. Raises if the switch did not happen."""
+    if program_id is not None:
+        os.setgroups([])
+        os.setresgid(program_id, program_id, program_id)
+        os.setresuid(program_id, program_id, program_id)
+        if os.getresuid() != (program_id,) * 3 or os.getresgid() != (program_id,) * 3:
+            raise OSError("could not switch to the program uid")
+    prctl(PR_SET_NO_NEW_PRIVS, 1)
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+
+def drop_capabilities():
+    """Give up every capability while keeping our uid (the checker: the server's uid, none of its powers)."""
+    if LIBC is None or LIBC.capset(ctypes.byref(_CapHeader(0x20080522, 0)), (_CapData * 2)()) != 0:
+        raise OSError("capset failed")
+    prctl(PR_SET_NO_NEW_PRIVS, 1)
 
 
 def which(name):
@@ -160,10 +198,11 @@ def enter_child(fds, scratch):
     sys.argv = ["solution.py"]
 
 
-def run_child(req, fds, scratch, memory_limit):
+def run_child(req, fds, scratch, memory_limit, program_id):
     """In the forked program child: isolate, limit, run. Never returns."""
     try:
         enter_child(fds, scratch)
+        become_program(program_id)
         prctl(PR_SET_DUMPABLE, 1)  # its own /proc/self is readable again; the server and checker stay closed
         language = req.get("language", "python")
         if language != "python":
@@ -389,12 +428,13 @@ class Candidate:
                 return msg
 
 
-def run_checker(secret, fds, scratch, req):
+def run_checker(secret, fds, req):
     """In the forked checker child: run each test's `check(candidate)`; report one verdict per test."""
     call_w, ret_r, verdict_w = fds
     try:
+        drop_capabilities()
         os.setsid()
-        os.chdir(scratch)
+        os.chdir("/")  # not the program's directory: that belongs to the program's uid
         devnull = os.open(os.devnull, os.O_RDWR)
         for target in (0, 1, 2):
             os.dup2(devnull, target)
@@ -453,17 +493,33 @@ def run_checker(secret, fds, scratch, req):
 
 
 class Server:
-    def __init__(self, scratch_root):
+    def __init__(self, scratch_root, program_id=None):
         self.scratch_root = scratch_root
+        self.program_id = program_id  # programs' uid and gid (a worker with two uids), else None: ours
         self.base_vm = vm_size_bytes()
         self.pid1 = os.getpid() == 1
         if not self.pid1:
             prctl(PR_SET_CHILD_SUBREAPER, 1)  # orphans of an execution come back to us, to be killed
-        prctl(PR_SET_DUMPABLE, 0)  # a program running as our uid cannot ptrace us or read our memory
+        prctl(PR_SET_DUMPABLE, 0)  # no ptrace and no /proc/<pid>/mem, even by a program sharing our uid
+        self.rlimits = {name: resource.getrlimit(r) for name, r in RLIMITS.items()}
+
+    def health(self):
+        """None if this server is as it started, else what changed: only a program that reached it (possible
+        only with one uid for both) changes it, and the host then replaces this worker."""
+        try:
+            changed = [name for name, r in RLIMITS.items() if resource.getrlimit(r) != self.rlimits[name]]
+            if changed:
+                return f"the server's {', '.join(changed)} changed"
+            os.close(os.open("/proc/self/stat", os.O_RDONLY))  # it can still open files
+        except OSError as e:
+            return f"the server cannot work: {e}"
+        return None
 
     def execute(self, req):
         scratch = tempfile.mkdtemp(dir=self.scratch_root)
         os.chmod(scratch, 0o700)
+        if self.program_id is not None:
+            os.chown(scratch, self.program_id, self.program_id)
         try:
             language = req.get("language", "python")
             if language != "python" and language not in LANGUAGES:
@@ -476,6 +532,9 @@ class Server:
                     failed = self.compile(spec, scratch, req)
                     if failed:
                         return failed
+                    result = self.run(req, scratch)
+                    result["compile_time_s"] = self.compile_time_s
+                    return result
             return self.run(req, scratch)
         finally:
             self.cleanup()
@@ -483,21 +542,26 @@ class Server:
     def compile(self, spec, scratch, req):
         argv = [which(spec["compile"][0]) or spec["compile"][0]] + spec["compile"][1:]
 
-        def limits():
+        def limits():  # runs after the switch to the program's uid (subprocess's user=, group=)
             os.setsid()
+            prctl(PR_SET_NO_NEW_PRIVS, 1)
             limit = COMPILE_MEMORY_MB * MB
             resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
             resource.setrlimit(resource.RLIMIT_FSIZE, (64 * MB, 64 * MB))
 
+        run_as = {}
+        if self.program_id is not None:  # the compiler reads the program's text: it runs as the program
+            run_as = {"user": self.program_id, "group": self.program_id, "extra_groups": []}
+        timeout = float(req.get("compile_timeout_s") or COMPILE_TIMEOUT_S)
         start = time.monotonic()
         try:
-            proc = subprocess.run(argv, cwd=scratch, capture_output=True, timeout=COMPILE_TIMEOUT_S,
+            proc = subprocess.run(argv, cwd=scratch, capture_output=True, timeout=timeout,
                                   env={"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "TMPDIR": scratch},
-                                  preexec_fn=limits, stdin=subprocess.DEVNULL)
+                                  preexec_fn=limits, stdin=subprocess.DEVNULL, **run_as)
         except subprocess.TimeoutExpired as e:
             message = (e.stderr or b"").decode("utf-8", "replace")
-            return {"status": "compile_error", "stderr": message + f"\ncompiler timed out after {COMPILE_TIMEOUT_S} s",
-                    "wall_time_s": time.monotonic() - start}
+            return {"status": "compile_error", "stderr": message + f"\ncompiler timed out after {timeout:g} s",
+                    "compile_timed_out": True, "wall_time_s": time.monotonic() - start}
         except OSError as e:
             return {"status": "sandbox_error", "stderr": f"cannot run {argv[0]}: {e}"}
         if proc.returncode != 0:
@@ -505,6 +569,7 @@ class Server:
             message = (proc.stderr + proc.stdout).decode("utf-8", "replace")
             return {"status": "compile_error", "exit_code": proc.returncode, "stderr": message[:cap],
                     "stderr_truncated": len(message) > cap, "wall_time_s": time.monotonic() - start}
+        self.compile_time_s = time.monotonic() - start
         return None
 
     def run(self, req, scratch):
@@ -530,7 +595,7 @@ class Server:
                 for fd in (out_r, err_r, res_r, call_w, 0, 1):
                     if fd is not None:
                         os.close(fd)
-                run_child(req, child_fds, scratch, memory_limit)
+                run_child(req, child_fds, scratch, memory_limit, self.program_id)
             finally:
                 os._exit(121)
         for fd in child_fds:
@@ -550,7 +615,7 @@ class Server:
                     os.close(sync_w)
                     for fd in (out_r, err_r, verdict_r, sync_r, 0, 1):
                         os.close(fd)
-                    run_checker(secret, (call_w, res_r, verdict_w), scratch, req)
+                    run_checker(secret, (call_w, res_r, verdict_w), req)
                 finally:
                     os._exit(121)
             for fd in (verdict_w, call_w, res_r, sync_w):
@@ -584,7 +649,7 @@ class Server:
             path = os.path.join(self.scratch_root, name)
             try:
                 if os.path.isdir(path) and not os.path.islink(path):
-                    shutil.rmtree(path, ignore_errors=True)
+                    shutil.rmtree(path, onerror=_unlock_and_retry)
                 else:
                     os.unlink(path)
             except OSError:
@@ -617,6 +682,20 @@ class Server:
                 return
             if pid == 0:
                 return
+
+
+def _unlock_and_retry(function, path, _):
+    """rmtree's error handler: a program may leave directories without write or search permission (a worker
+    with two uids overrides that; one with a single uid owns them and can give the permission back)."""
+    try:
+        os.chmod(os.path.dirname(path), 0o700)
+        if os.path.isdir(path) and not os.path.islink(path):
+            os.chmod(path, 0o700)
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            function(path)
+    except OSError:
+        pass
 
 
 def drain(fds, bufs, caps, over):
@@ -760,12 +839,22 @@ def collect(req, pid, start, out_r, err_r, res_r, checker=None):
     }
 
 
+def read_int(path):
+    try:
+        with open(path) as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return None
+
+
 def main():
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     scratch_root = sys.argv[1] if len(sys.argv) > 1 else tempfile.mkdtemp(prefix="tempering-sbx-")
+    program_id = int(sys.argv[2]) if len(sys.argv) > 2 else None
     os.makedirs(scratch_root, exist_ok=True)
-    server = Server(scratch_root)
-    write_msg(1, {"ready": True, "pid1": server.pid1, "uid": os.getuid()})
+    server = Server(scratch_root, program_id)
+    write_msg(1, {"ready": True, "pid1": server.pid1, "uid": os.getuid(), "program_uid": program_id,
+                  "max_user_namespaces": read_int("/proc/sys/user/max_user_namespaces")})
     try:
         while True:
             req = read_msg(0)
@@ -775,6 +864,9 @@ def main():
                 resp = server.execute(req)
             except Exception:
                 resp = {"status": "sandbox_error", "stderr": traceback.format_exc()}
+            damage = server.health()
+            if damage:
+                resp["worker_damaged"] = damage
             write_msg(1, resp)
     finally:
         if len(sys.argv) <= 1:

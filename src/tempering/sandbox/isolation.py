@@ -1,12 +1,19 @@
 """How a sandbox worker is started: inside a bubblewrap container where possible, else as a plain process.
 
-A worker is one long-lived fork server (`_worker.py`). Under bubblewrap it is PID 1 of fresh user, PID,
-network, IPC, UTS and cgroup namespaces, with no capabilities, a read-only view of /usr (and nothing
-else of the host's filesystem), a size-limited tmpfs for scratch, an empty environment, and it dies with
-its parent. When the host runs as root the worker runs as its own unprivileged uid, so `RLIMIT_NPROC`
-binds (it is per real uid and ignored for root) and host files readable only by root stay unreadable.
+A worker is one long-lived fork server (`_worker.py`). Under bubblewrap it is PID 1 of fresh PID, network,
+IPC, UTS and cgroup namespaces, with a read-only view of /usr (and nothing else of the host's
+filesystem), a size- and inode-limited tmpfs for scratch, and it dies with its parent.
 
-Measured on a 2-core VM (bench/sandbox_throughput.py): starting bubblewrap costs ~15-25 ms, paid once
+Two uids per worker (`uid_split`, where the host is root and user namespaces work): the launcher
+(`_launch.py`) enters a user namespace in which uid 0 is the worker's *server* uid on the host and uid 1
+its *program* uid. The fork server keeps only `SERVER_CAPS`, valid inside that namespace (so over those
+two uids only); each forked child switches to the program uid, which drops every capability. A program
+therefore cannot signal, ptrace or `prlimit` its server, nor its checker. Without root a two-uid map is
+impossible: worker and programs share one uid (a bubblewrap worker is still PID 1, which signals from
+inside cannot reach); the server then checks its own rlimits after each execution and the host replaces
+a damaged worker (see `local.py`). `tempering sandbox doctor` prints what is active.
+
+Measured on a 2-core VM (bench/sandbox_throughput.py): starting a worker costs ~30-60 ms, paid once
 per worker; each execution is a fork inside the container.
 """
 
@@ -14,7 +21,9 @@ from __future__ import annotations
 
 import functools
 import itertools
+import json
 import os
+import select
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -23,12 +32,32 @@ from pathlib import Path
 from tempering.errors import SandboxError
 
 WORKER_SCRIPT = Path(__file__).with_name("_worker.py")
+LAUNCH_SOURCE = Path(__file__).with_name("_launch.py").read_text()
 WORKER_BOOT = ("import os; f = os.fdopen({fd}, 'rb'); source = f.read(); f.close(); "
                "exec(compile(source, 'tempering-sandbox-worker', 'exec'), {{'__name__': '__main__'}})")
 BACKENDS = ("auto", "bwrap", "process")
-# Worker uids when the host is root: each worker its own uid, so a fork bomb in one cannot starve another.
+# Host uids when the host is root: each worker a pair (server, program), so a fork bomb in one worker
+# cannot starve another and no program shares a uid with any server.
 WORKER_UID_BASE, WORKER_UID_SPAN = 61000, 4000
+PROGRAM_ID = 1  # the program's uid and gid inside a split worker's user namespace (the server is 0)
+# What the fork server keeps, inside its user namespace: switching a child to the program uid, killing
+# what an execution left behind, and creating / wiping the program's scratch directory.
+SERVER_CAPS = {"CAP_CHOWN": 0, "CAP_DAC_OVERRIDE": 1, "CAP_FOWNER": 3, "CAP_KILL": 5, "CAP_SETGID": 6,
+               "CAP_SETUID": 7}
+# Every worker runs with a fixed hash seed: set iteration order (and so a program's output) is the same
+# on every worker of every backend, and across resumed runs.
+WORKER_ENV = {"PYTHONHASHSEED": "0"}
+SCRATCH = "/tmp"  # where the scratch tmpfs is mounted, in the worker's mount namespace
+HANDSHAKE_TIMEOUT_S = 20.0
 _uid_counter = itertools.count()
+
+
+@dataclass(frozen=True)
+class WorkerIds:
+    """Host uids (equal to the gids) of one worker."""
+
+    server: int
+    program: int
 
 
 @dataclass(frozen=True)
@@ -45,55 +74,113 @@ class Isolation:
     backend: str                 # "bwrap" or "process"
     python: str
     scratch_mb: int = 64
+    scratch_inodes: int = 8192
     bwrap: str | None = None
     why_not_bwrap: str | None = None
+    uid_split: bool = False      # programs run under a uid other than their server's (see module doc)
+    why_not_split: str | None = None
 
-    def worker_command(self, uid: int | None, boot_fd: int = 3) -> tuple[list[str], dict]:
-        """argv and Popen keyword arguments for one worker; the worker's source is read from the inherited
-        pipe `boot_fd` (`WORKER_BOOT`), so it need not be readable by the worker's uid or in the container."""
-        boot = WORKER_BOOT.format(fd=boot_fd)
-        run_as = {}
-        if uid is not None:
-            run_as = {"user": uid, "group": uid, "extra_groups": []}
-        if self.backend == "bwrap":
-            argv = [self.bwrap, *bwrap_args(self.scratch_mb), "--", self.python, "-s", "-B", "-c", boot, "/tmp"]
-            return argv, run_as
-        return [self.python, "-s", "-B", "-c", boot], run_as
+    def worker_argv(self, boot_fd: int) -> list[str]:
+        """The fork server's own command line; its source comes on the inherited pipe `boot_fd`
+        (`WORKER_BOOT`), so it need not be readable by the worker's uid or present in the container."""
+        argv = [self.python, "-s", "-B", "-c", WORKER_BOOT.format(fd=boot_fd)]
+        if self.uid_split:
+            return argv + [SCRATCH, str(PROGRAM_ID)]
+        return argv + [SCRATCH] if self.backend == "bwrap" else argv
 
-    def protections(self, uid: int | None) -> list[Protection]:
+    def command(self, ids: WorkerIds | None, inner: list[str]) -> tuple[list[str], dict]:
+        """argv and Popen keyword arguments that run `inner` as a worker with the uids `ids`."""
         bw = self.backend == "bwrap"
+        if bw:
+            inner = [self.bwrap, *bwrap_args(self.scratch_mb, split=self.uid_split), "--", *inner]
+        if self.uid_split:  # started as root: the launcher maps the uids, see _launch.py
+            config = {"scratch": SCRATCH, "scratch_mb": self.scratch_mb, "scratch_inodes": self.scratch_inodes,
+                      "argv": inner, "env": WORKER_ENV, "die_with_parent": not bw,
+                      "bounding_caps": None if bw else sorted(SERVER_CAPS.values())}
+            return [self.python, "-s", "-B", "-c", LAUNCH_SOURCE, json.dumps(config)], {}
+        run_as = {"user": ids.server, "group": ids.server, "extra_groups": []} if ids is not None else {}
+        return inner, run_as
+
+    def start(self, ids: WorkerIds | None, inner: list[str], *, stderr, pass_fds=()) -> subprocess.Popen:
+        """Start `inner` as a worker with pipes on stdin/stdout; a split worker's uids are mapped first."""
+        argv, run_as = self.command(ids, inner)
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, env=WORKER_ENV,
+                                cwd="/", start_new_session=True, pass_fds=pass_fds, **run_as)
+        if self.uid_split:
+            try:
+                ready = select.select([proc.stdout], [], [], HANDSHAKE_TIMEOUT_S)[0]
+                if not ready or os.read(proc.stdout.fileno(), 1) != b"U":
+                    raise OSError("the launcher did not enter its user namespace")
+                map_ids(proc.pid, ids)
+                proc.stdin.write(b"G")
+                proc.stdin.flush()
+            except OSError:
+                pass  # the worker's start-up then fails, and its stderr says why
+        return proc
+
+    def protections(self, ids: WorkerIds | None, info: dict | None = None) -> list[Protection]:
+        bw, split = self.backend == "bwrap", self.uid_split
         root = os.geteuid() == 0
+        info = info or {}
         off = f"off: {self.why_not_bwrap or 'bubblewrap not used'}"
+        nested = info.get("max_user_namespaces")
+        if split:
+            scratch = f"tmpfs of {self.scratch_mb} MiB and {self.scratch_inodes} inodes, wiped after each execution"
+        elif bw:
+            scratch = (f"tmpfs of {self.scratch_mb} MiB, wiped after each execution; NO inode cap "
+                       f"({self.why_not_split or 'bubblewrap --tmpfs has a size option only'})")
+        else:
+            scratch = "scratch directory wiped after each execution; no size or inode limit beyond RLIMIT_FSIZE"
         return [
             Protection("network isolation", bw, "new network namespace (no interfaces but its own loopback)"
                        if bw else off),
             Protection("filesystem isolation", bw, "only /usr is visible, read-only; root and /dev read-only"
-                       if bw else off + " (the program sees the host's filesystem with the worker's rights)"),
-            Protection("private scratch, size-limited", bw,
-                       f"tmpfs /tmp of {self.scratch_mb} MiB, wiped after each execution" if bw
-                       else "scratch directory wiped after each execution; no size limit beyond RLIMIT_FSIZE"),
-            Protection("pid namespace", bw, "worker is PID 1: a program cannot signal it or see host processes"
+                       if bw else off + " (the program sees the host's filesystem with its uid's rights)"),
+            Protection("scratch size and inode cap", split, scratch),
+            Protection("program uid != server uid", split,
+                       f"programs run as host uid {ids.program}, their fork server as {ids.server}: a program "
+                       "cannot signal, ptrace or prlimit it" if split and ids else
+                       f"off: {self.why_not_split}; worker damage is detected after each execution instead"),
+            Protection("server privileges bounded", split,
+                       f"the server keeps only {', '.join(SERVER_CAPS)}, valid in its user namespace of two "
+                       "uids; each program drops all (no_new_privs)" if split else
+                       "off: the server has no capabilities to bound (a single uid)"),
+            Protection("pid namespace", bw, "worker is PID 1: a program cannot see host processes, nor signal it"
                        if bw else off),
-            Protection("no capabilities", bw or not root, "all dropped" if bw else
-                       ("runs as a non-root uid" if uid is not None else "the worker runs as root")),
-            Protection("unprivileged uid", uid is not None or not root,
-                       f"uid {uid}" if uid is not None else f"uid {os.geteuid()}"),
-            Protection("process limit (RLIMIT_NPROC)", uid is not None or not root,
-                       "per-worker uid" if uid is not None else "not enforced for root"),
+            Protection("no nested user namespaces", nested == 0,
+                       "max_user_namespaces=0 in the worker's namespace: no private tmpfs outside the caps"
+                       if nested == 0 else "off: a program may create user namespaces (and tmpfs mounts there)"),
+            Protection("no capabilities", bw or split or not root, "programs have none (no_new_privs)"
+                       if bw or split else ("runs as a non-root uid" if ids is not None else "the worker runs as root")),
+            Protection("unprivileged uid", ids is not None or not root,
+                       f"uid {ids.program}" if ids is not None else f"uid {os.geteuid()}"),
+            Protection("process limit (RLIMIT_NPROC)", ids is not None or not root,
+                       "per-worker program uid" if ids is not None else "not enforced for root"),
             Protection("rlimits: CPU, address space, file size, open files", True, "set in every child"),
             Protection("process-tree kill", True, "process group killed, then every leftover process "
                        + ("in the namespace" if bw else "reparented to the worker (child subreaper)")),
-            Protection("empty environment", True, "worker started with no variables"),
-            Protection("dies with its parent", bw, "--die-with-parent" if bw else
+            Protection("worker health check", True, "the server compares its own rlimits after each execution; "
+                       "a damaged worker, or one that returned sandbox_error, is replaced"),
+            Protection("deterministic hash seed", True, "PYTHONHASHSEED=0 in every worker"),
+            Protection("empty environment", True, "programs start with no variables"),
+            Protection("dies with its parent", bw or split, "parent-death signal" if bw or split else
                        "worker exits when its pipe closes; a running program is killed then"),
             Protection("tests out of the program's reach", True,
                        "expected values stay in the host; check() code runs in a separate process"),
         ]
 
 
-def bwrap_args(scratch_mb: int) -> list[str]:
-    args = ["--unshare-all", "--die-with-parent", "--new-session", "--as-pid-1", "--cap-drop", "ALL",
-            "--hostname", "sandbox", "--ro-bind", "/usr", "/usr"]
+def bwrap_args(scratch_mb: int, *, split: bool = False) -> list[str]:
+    """bubblewrap's options. `split`: bwrap runs as root of the launcher's user namespace and must not make
+    another one (which would map a single uid); the scratch tmpfs is the launcher's, bound in."""
+    if split:
+        args = ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+                "--cap-drop", "ALL"]
+        for cap in SERVER_CAPS:
+            args += ["--cap-add", cap]
+    else:
+        args = ["--unshare-all", "--cap-drop", "ALL"]
+    args += ["--die-with-parent", "--new-session", "--as-pid-1", "--hostname", "sandbox", "--ro-bind", "/usr", "/usr"]
     for top in ("bin", "sbin", "lib", "lib64", "lib32", "libx32"):
         path = Path("/") / top
         if path.is_symlink():
@@ -102,46 +189,79 @@ def bwrap_args(scratch_mb: int) -> list[str]:
             args += ["--ro-bind", str(path), str(path)]
     for etc in ("/etc/ld.so.cache", "/etc/alternatives", "/etc/localtime"):
         args += ["--ro-bind-try", etc, etc]
-    args += ["--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev",
-             "--size", str(scratch_mb << 20), "--perms", "1777", "--tmpfs", "/tmp",
-             "--remount-ro", "/", "--chdir", "/tmp"]
-    return args
+    args += ["--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev"]
+    if split:
+        args += ["--bind", SCRATCH, SCRATCH]
+    else:
+        args += ["--size", str(scratch_mb << 20), "--perms", "1777", "--tmpfs", SCRATCH]
+    return args + ["--remount-ro", "/", "--chdir", SCRATCH]
 
 
-def next_worker_uid() -> int | None:
-    """A dedicated uid for a new worker when running as root; None (keep ours) otherwise."""
+def map_ids(pid: int, ids: WorkerIds) -> None:
+    """Write a launcher's uid and gid maps: 0 -> the server's host id, 1 -> the program's (needs root)."""
+    mapping = f"0 {ids.server} 1\n{PROGRAM_ID} {ids.program} 1\n"
+    for name in ("uid_map", "gid_map"):
+        with open(f"/proc/{pid}/{name}", "w") as f:
+            f.write(mapping)
+
+
+def next_worker_ids() -> WorkerIds | None:
+    """A dedicated pair of host uids for a new worker when running as root; None (keep ours) otherwise."""
     if os.geteuid() != 0:
         return None
-    return WORKER_UID_BASE + (os.getpid() * 16 + next(_uid_counter)) % WORKER_UID_SPAN
+    n = (os.getpid() * 16 + next(_uid_counter)) % (WORKER_UID_SPAN // 2)
+    return WorkerIds(WORKER_UID_BASE + 2 * n, WORKER_UID_BASE + 2 * n + 1)
 
 
-@functools.lru_cache(maxsize=8)
-def _bwrap_works(bwrap: str, python: str) -> str | None:
-    """None if a trivial bubblewrap container starts here, else why not."""
-    iso = Isolation("bwrap", python, bwrap=bwrap)
-    argv = [bwrap, *bwrap_args(8), "--", python, "-c", "pass"]
-    uid = WORKER_UID_BASE + WORKER_UID_SPAN if os.geteuid() == 0 else None
-    kwargs = iso.worker_command(uid)[1]
+def _trial(iso: Isolation) -> str | None:
+    """None if a trivial worker of this kind starts here, else why not."""
+    ids = WorkerIds(WORKER_UID_BASE + WORKER_UID_SPAN, WORKER_UID_BASE + WORKER_UID_SPAN + 1) \
+        if os.geteuid() == 0 else None
     try:
-        proc = subprocess.run(argv, env={}, capture_output=True, timeout=20, **kwargs)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return f"bubblewrap failed to start ({e})"
+        proc = iso.start(ids, [iso.python, "-c", "pass"], stderr=subprocess.PIPE)
+        try:
+            _, err = proc.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            return "a trial worker did not finish in 20 s"
+    except OSError as e:
+        return f"failed to start ({e})"
     if proc.returncode != 0:
-        return f"bubblewrap cannot create namespaces here: {proc.stderr.decode(errors='replace').strip()[:300]}"
+        return err.decode(errors="replace").strip()[:300] or f"exit code {proc.returncode}"
     return None
 
 
-def resolve(backend: str, python: str, scratch_mb: int = 64) -> Isolation:
+@functools.lru_cache(maxsize=8)
+def _split_works(python: str) -> str | None:
+    if os.geteuid() != 0:
+        return "the host is not root (mapping a second uid needs CAP_SETUID)"
+    why = _trial(Isolation("process", python, scratch_mb=8, scratch_inodes=64, uid_split=True))
+    return None if why is None else f"no user namespace with two uids here: {why}"
+
+
+@functools.lru_cache(maxsize=8)
+def _bwrap_works(bwrap: str, python: str, split: bool) -> str | None:
+    why = _trial(Isolation("bwrap", python, scratch_mb=8, scratch_inodes=64, bwrap=bwrap, uid_split=split))
+    return None if why is None else f"bubblewrap cannot create namespaces here: {why}"
+
+
+def resolve(backend: str, python: str, scratch_mb: int = 64, scratch_inodes: int = 8192) -> Isolation:
     """Pick the backend: `bwrap` (required), `process`, or `auto` (bwrap when it works here)."""
     if backend not in BACKENDS:
         raise SandboxError(f"sandbox.isolation must be one of {', '.join(BACKENDS)}, not '{backend}'")
+    why_not_split = _split_works(python)
+    split = why_not_split is None
+    sizes = {"scratch_mb": scratch_mb, "scratch_inodes": scratch_inodes, "uid_split": split,
+             "why_not_split": why_not_split}
     if backend == "process":
-        return Isolation("process", python, scratch_mb, why_not_bwrap="sandbox.isolation=process")
+        return Isolation("process", python, why_not_bwrap="sandbox.isolation=process", **sizes)
     bwrap = shutil.which("bwrap")
-    why = "bubblewrap (bwrap) is not installed" if bwrap is None else _bwrap_works(bwrap, python)
+    why = "bubblewrap (bwrap) is not installed" if bwrap is None else _bwrap_works(bwrap, python, split)
     if why is None:
-        return Isolation("bwrap", python, scratch_mb, bwrap=bwrap)
+        return Isolation("bwrap", python, bwrap=bwrap, **sizes)
     if backend == "bwrap":
         raise SandboxError(f"sandbox.isolation=bwrap but {why}; install bubblewrap (apt-get install bubblewrap) "
                            "or set sandbox.isolation=auto to fall back to process isolation")
-    return Isolation("process", python, scratch_mb, why_not_bwrap=why)
+    return Isolation("process", python, why_not_bwrap=why, **sizes)
+

@@ -26,13 +26,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tempering.errors import SandboxError
-from tempering.sandbox.isolation import WORKER_SCRIPT, Isolation, next_worker_uid, resolve
+from tempering.sandbox.isolation import WORKER_SCRIPT, Isolation, Protection, next_worker_ids, resolve
 from tempering.types import ExecResult, Task, TestCase, TestResult
 
 LANGUAGES = ("python", "bash", "javascript", "c", "cpp")
-# How much longer than the execution's own timeout the host waits for a worker before declaring it hung
-# (covers compiling C/C++, which has its own 20 s limit inside the worker).
-WORKER_GRACE_S = 25.0
+# How much longer than the execution's own timeout and compile timeout the host waits for a worker before
+# declaring it hung.
+WORKER_GRACE_S = 5.0
 WORKER_START_TIMEOUT_S = 20.0
 WORKER_SOURCE = WORKER_SCRIPT.read_bytes()
 
@@ -50,8 +50,10 @@ class SandboxLimits:
     max_file_bytes: int = 16 << 20
     """Largest file the program may write (RLIMIT_FSIZE)."""
     max_processes: int = 32
-    """RLIMIT_NPROC: processes and threads of the worker's uid (each worker has its own uid when the
-    host is root; a non-root host shares its uid's count with the sandbox)."""
+    """RLIMIT_NPROC: processes and threads of the program's uid (each worker has its own when the host
+    is root; a non-root host shares its uid's count with the sandbox)."""
+    compile_timeout_s: float = 20.0
+    """Wall-clock limit of compiling a C/C++ program (its own limit, before `timeout_s` starts)."""
 
 
 @dataclass
@@ -86,25 +88,23 @@ def default_python() -> str:
 
 
 class WorkerDied(SandboxError):
-    """The worker process ended during an execution (a program in a weakly isolated worker killed it)."""
+    """The worker process ended (or was stopped) during an execution: a program in a worker that shares
+    its uid with the program reached it."""
 
 
 class _Worker:
     """One fork-server process and its pipes."""
 
     def __init__(self, isolation: Isolation):
-        self.uid = next_worker_uid()
+        self.ids = next_worker_ids()
+        self.broken = False
         self.errors = tempfile.TemporaryFile()
         boot_r, boot_w = os.pipe()  # the worker's source (see isolation.WORKER_BOOT)
-        argv, run_as = isolation.worker_command(self.uid, boot_r)
         try:
-            self.proc = subprocess.Popen(
-                argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.errors,
-                env={"PYTHONHASHSEED": "0"} if isolation.backend == "process" else {},
-                cwd="/", start_new_session=True, pass_fds=(boot_r,), **run_as,
-            )
+            self.proc = isolation.start(self.ids, isolation.worker_argv(boot_r), stderr=self.errors,
+                                        pass_fds=(boot_r,))
         except OSError as e:
-            raise SandboxError(f"cannot start a sandbox worker ({argv[0]}): {e}") from None
+            raise SandboxError(f"cannot start a sandbox worker: {e}") from None
         finally:
             os.close(boot_r)
         try:
@@ -138,8 +138,12 @@ class _Worker:
         data = bytearray()
         while len(data) < n:
             left = deadline - time.monotonic()
-            if left <= 0 or not select.select([fd], [], [], left)[0]:
+            if left <= 0:
                 raise SandboxError("sandbox worker did not answer in time")
+            if not select.select([fd], [], [], min(left, 0.5))[0]:
+                if _stopped(self.proc.pid):  # SIGSTOP from a program sharing the worker's uid
+                    raise WorkerDied("sandbox worker was stopped by a signal")
+                continue
             chunk = os.read(fd, n - len(data))
             if not chunk:
                 raise WorkerDied(f"sandbox worker exited (code {self.proc.wait()})")
@@ -155,6 +159,14 @@ class _Worker:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
         self.errors.close()
+
+
+def _stopped(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] in (b"T", b"t")
+    except (OSError, IndexError):
+        return False
 
 
 def _frame(obj: dict) -> bytes:
@@ -223,40 +235,54 @@ class LocalSandbox(Sandbox):
     Thread-safe; `execute_many` keeps every worker busy. At most `workers` executions run at once; the
     rest of a batch waits in the caller (`run_batch` returns when all are done), which is the
     backpressure: a caller submitting faster than the workers execute simply blocks.
+
+    A worker that died, was damaged by its program (`worker_damaged`), hung, or answered `sandbox_error`
+    is never used again: it is closed and a fresh one started before the next execution on that slot.
+    Workers are started by one long-lived thread, because a worker dies with the thread that started it
+    (the parent-death signal follows the thread, not the process).
     """
 
     def __init__(self, limits: SandboxLimits | None = None, *, workers: int = 2, python: str | None = None,
-                 isolation: str = "auto", scratch_mb: int = 64):
+                 isolation: str = "auto", scratch_mb: int = 64, scratch_inodes: int = 8192):
         self.limits = limits or SandboxLimits()
         self.python = python or default_python()
         if not os.access(self.python, os.X_OK):
             raise SandboxError(f"sandbox interpreter '{self.python}' not found")
-        self.isolation = resolve(isolation, self.python, scratch_mb)
+        self.isolation = resolve(isolation, self.python, scratch_mb, scratch_inodes)
         self.size = max(1, workers)
+        self._spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sandbox-spawn")
         self._idle: queue.Queue[_Worker] = queue.Queue()
         started: list[_Worker] = []
         try:
             for _ in range(self.size):
-                started.append(_Worker(self.isolation))
+                started.append(self._start_worker())
         except SandboxError:
             for w in started:
                 w.close()
+            self._spawner.shutdown()
             raise
         for w in started:
             self._idle.put(w)
         self._pool = ThreadPoolExecutor(max_workers=self.size, thread_name_prefix="sandbox")
         self._lock = threading.Lock()
         self._closed = False
+        self.replaced = 0
+        """Workers replaced so far (died, damaged, hung or answered sandbox_error)."""
         atexit.register(self.close)
 
     @property
     def backend(self) -> str:
         return self.isolation.backend
 
-    def protections(self):
+    def protections(self) -> list[Protection]:
         """What this sandbox's workers are protected by (see `tempering sandbox doctor`)."""
-        workers = list(self._idle.queue)
-        return self.isolation.protections(workers[0].uid if workers else next_worker_uid())
+        worker = next(iter(self._idle.queue), None)
+        if worker is None:
+            return self.isolation.protections(next_worker_ids())
+        return self.isolation.protections(worker.ids, worker.info)
+
+    def _start_worker(self) -> _Worker:
+        return self._spawner.submit(_Worker, self.isolation).result()
 
     # --------------------------------------------------------------------------------- execution
 
@@ -281,19 +307,34 @@ class LocalSandbox(Sandbox):
             "max_output_bytes": lim.max_output_bytes,
             "max_file_bytes": lim.max_file_bytes,
             "max_processes": lim.max_processes,
+            "compile_timeout_s": lim.compile_timeout_s,
         }
         secret = {"tests": req.checks} if req.checks is not None else None
         worker = self._idle.get()
         try:
-            return worker.request(payload, lim.timeout_s + WORKER_GRACE_S, secret)
+            if worker.broken:
+                worker.close()
+                worker = self._start_worker()  # raises SandboxError if no worker can start: not the program's fault
+                self.replaced += 1
+            resp = worker.request(payload, lim.timeout_s + lim.compile_timeout_s + WORKER_GRACE_S, secret)
+        except WorkerDied as e:
+            worker.broken = True
+            return {"status": "killed", "stderr": f"{e}: the execution ended its sandbox worker, which is replaced",
+                    "flags": ["worker_tampered"]}
         except SandboxError as e:
-            worker.close()
-            worker = _Worker(self.isolation)  # replace the broken worker; this request fails
-            status = "killed" if isinstance(e, WorkerDied) else "sandbox_error"
-            return {"status": status, "stderr": f"{e}: the execution ended its sandbox worker"
-                    if status == "killed" else str(e)}
+            worker.broken = True
+            return {"status": "sandbox_error", "stderr": str(e)}
         finally:
             self._idle.put(worker)
+        if resp.get("worker_damaged"):
+            # Possible only where program and server share a uid: the program is to blame, not the sandbox.
+            worker.broken = True
+            note = f"\nthe program damaged its sandbox worker ({resp['worker_damaged']}); the worker is replaced\n"
+            resp.update(status="killed", stderr=(resp.get("stderr") or "") + note,
+                        flags=sorted({*resp.get("flags", []), "worker_tampered"}))
+        elif resp.get("status") == "sandbox_error":
+            worker.broken = True
+        return resp
 
     def _map(self, fn, items: list, concurrency: int | None) -> list:
         if self._closed:
@@ -313,6 +354,7 @@ class LocalSandbox(Sandbox):
         self._pool.shutdown(wait=True)
         while not self._idle.empty():
             self._idle.get().close()
+        self._spawner.shutdown()
 
     def execute_many(self, requests: list[ExecRequest], *, concurrency: int | None = None) -> list[dict[str, Any]]:
         return self._map(self.execute, requests, concurrency)
