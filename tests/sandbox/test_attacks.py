@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tempering.sandbox import LocalSandbox, SandboxLimits
+from tempering.sandbox import LocalSandbox, SandboxLimits, isolation
 from tempering.types import Task, TestCase
 
 BACKENDS = ["bwrap", "process"] if shutil.which("bwrap") else ["process"]
@@ -141,6 +141,30 @@ def test_filling_the_disk(sb, baseline):
         assert r.status == "ok" and "stopped after" in r.stdout, r
         assert int(r.stdout.split()[2]) * 8 <= 64  # the scratch tmpfs is 64 MiB
         assert abs(shutil.disk_usage("/").free - free_before) < (256 << 20)
+    assert_clean(sb, baseline)
+
+
+def test_flooding_the_scratch_with_empty_files(sb, baseline):
+    """Empty files cost no bytes but a kernel inode each: the scratch tmpfs caps their number too."""
+    if os.geteuid() != 0:
+        pytest.skip("needs the two-uid launcher, which needs a root host (`tempering sandbox doctor` says so)")
+    code = ("import os\nn = 0\ntry:\n    for i in range(50_000):\n        open(f'f{i}', 'w').close()\n        n += 1\n"
+            "except OSError as e:\n    print('stopped after', n, e.strerror)\nelse:\n    print('created', n)\n")
+    r = sb.run(code, timeout_s=10.0)
+    assert r.status == "ok" and r.stdout.startswith("stopped after"), r
+    assert int(r.stdout.split()[2]) < 8192 and "No space left" in r.stdout
+    assert_clean(sb, baseline)
+
+
+def test_a_private_tmpfs_outside_the_caps(sb, baseline):
+    """A program may not make a user namespace of its own, where it could mount an uncapped tmpfs."""
+    if os.geteuid() != 0:
+        pytest.skip("needs the two-uid launcher, which needs a root host (`tempering sandbox doctor` says so)")
+    code = ("import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+            "print(libc.unshare(0x10000000 | 0x00020000), os.strerror(ctypes.get_errno()))\n"
+            "print(libc.mount(b'tmpfs', b'.', b'tmpfs', 0, b'size=1g'), os.strerror(ctypes.get_errno()))\n")
+    r = sb.run(code)
+    assert r.status == "ok" and r.stdout.splitlines()[0].startswith("-1") and r.stdout.splitlines()[1].startswith("-1")
     assert_clean(sb, baseline)
 
 
@@ -289,3 +313,64 @@ def test_check_tests_pass_a_correct_program(sb, baseline):
     assert [t.passed for t in r.tests] == [True, False] and r.status == "ok" and not r.flags, r
     assert "assertion failed" in r.tests[1].error
     assert_clean(sb, baseline)
+
+
+# ------------------------------------------------------------------------------------ the worker itself
+
+# Each program attacks its fork server (its parent, or PID 1 under bubblewrap) and everything else it can
+# name. It refuses to run as root, so that a broken uid switch can never turn it loose on the host.
+GUARD = "import os, signal, ctypes, resource\nassert os.getuid() != 0, 'UNSAFE: the program runs as root'\n"
+TARGETS = "me = os.getpid()\npids = {os.getppid(), 1} | {int(p) for p in os.listdir('/proc') if p.isdigit()}\n" \
+          "pids -= {me, 0}\n"
+SABOTAGE = {
+    "prlimit": GUARD + TARGETS + (
+        "for pid in [os.getppid(), 1] + sorted(pids):\n"
+        "    for r in (resource.RLIMIT_NOFILE, resource.RLIMIT_AS, resource.RLIMIT_CPU, resource.RLIMIT_NPROC,\n"
+        "              resource.RLIMIT_FSIZE, resource.RLIMIT_STACK, resource.RLIMIT_DATA):\n"
+        "        try:\n            resource.prlimit(pid, r, (1, 1))\n        except OSError:\n            pass\n"
+        "print('done')\n"),
+    "signals": GUARD + TARGETS + (
+        "for sig in (signal.SIGSTOP, signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGKILL):\n"
+        "    for pid in [os.getppid(), 1] + sorted(pids):\n"
+        "        try:\n            os.kill(pid, sig)\n        except OSError:\n            pass\n"
+        "print('done')\n"),
+    "ptrace": GUARD + (
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "for pid in (os.getppid(), 1):\n"
+        "    for request in (16, 0x4206):  # PTRACE_ATTACH, PTRACE_SEIZE\n"
+        "        libc.ptrace(request, pid, 0, 0)\n"
+        "    for path in (f'/proc/{pid}/mem', f'/proc/{pid}/environ'):\n"
+        "        try:\n            open(path, 'r+b').write(b'x')\n        except OSError:\n            pass\n"
+        "print('done')\n"),
+}
+
+
+@pytest.mark.parametrize("attack", sorted(SABOTAGE))
+def test_a_program_cannot_sabotage_its_server(attack):
+    """Lowering the server's limits, signalling or tracing it leaves the next 100 executions all ok; with
+    two uids per worker (a root host) no worker even needed replacing."""
+    for backend in BACKENDS:
+        with LocalSandbox(SandboxLimits(timeout_s=2.0, cpu_s=2.0), workers=2, isolation=backend) as pool:
+            attacks = pool.run_batch([pool.request(SABOTAGE[attack]) for _ in range(4)])
+            assert all(r.status != "sandbox_error" for r in attacks), attacks
+            assert not any("UNSAFE" in r.stderr for r in attacks)
+            results = pool.run_batch([pool.request(f"print({i})") for i in range(100)])
+            assert [(r.status, r.stdout) for r in results] == [("ok", f"{i}\n") for i in range(100)]
+            if pool.isolation.uid_split:
+                assert [r.status for r in attacks] == ["ok"] * 4 and pool.replaced == 0, attacks
+
+
+@pytest.mark.parametrize("attack", ["prlimit", "signals"])
+def test_a_worker_sharing_its_programs_uid_is_replaced_when_damaged(attack, monkeypatch):
+    """The fallback where program and server share one uid (a non-root host; forced here): the damage is
+    detected, the attack is reported as `killed` (never sandbox_error), and the next 100 executions are ok."""
+    monkeypatch.setattr(isolation, "_split_works", lambda python: "forced off by the test")
+    for backend in BACKENDS:
+        with LocalSandbox(SandboxLimits(timeout_s=2.0, cpu_s=2.0), workers=2, isolation=backend) as pool:
+            assert not pool.isolation.uid_split
+            attacks = pool.run_batch([pool.request(SABOTAGE[attack]) for _ in range(4)])
+            assert all(r.status in ("ok", "killed", "runtime_error") for r in attacks), attacks
+            if attack == "prlimit":  # PID 1 ignores the signals; a plain process worker dies or stops
+                assert all(r.status == "killed" and "worker_tampered" in r.flags for r in attacks), attacks
+            results = pool.run_batch([pool.request(f"print({i})") for i in range(100)])
+            assert [(r.status, r.stdout) for r in results] == [("ok", f"{i}\n") for i in range(100)]

@@ -1,7 +1,11 @@
 """Each sandbox guarantee of the first version, attacked by a program of its own."""
 
 import os
+import shutil
+import threading
 import time
+
+import pytest
 
 from tempering.sandbox import LocalSandbox, SandboxLimits, compare_values, parse_value
 from tempering.types import Task, TestCase
@@ -148,6 +152,43 @@ def test_a_dead_worker_is_replaced(sandbox):
         sb._idle.put(worker)
         assert sb.run("print(1)").status == "killed"
         assert sb.run("print(1)").stdout == "1\n"
+
+
+BACKENDS = ["bwrap", "process"] if shutil.which("bwrap") else ["process"]
+SET_PROGRAM = "import time\ntime.sleep(0.05)\nprint(set(f'key{i}' for i in range(30)), hash('tempering'))\n"
+
+
+def test_set_order_is_the_same_on_every_worker():
+    """Every worker of every backend has the same hash seed: a set prints the same everywhere."""
+    outputs = set()
+    for backend in BACKENDS:
+        for _ in range(2):  # two pools: other worker processes
+            with LocalSandbox(workers=4, isolation=backend) as sb:
+                results = sb.run_batch([sb.request(SET_PROGRAM) for _ in range(12)])
+            assert all(r.status == "ok" for r in results), results
+            outputs |= {r.stdout for r in results}
+    assert len(outputs) == 1, outputs
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_pool_outlives_the_thread_that_started_it(backend):
+    """A worker dies with the *thread* that started it (parent-death signal): workers are started by the
+    pool's own long-lived thread, so a pool made (or a worker replaced) in a short-lived thread lives on."""
+    made = []
+    thread = threading.Thread(target=lambda: made.append(LocalSandbox(workers=1, isolation=backend)))
+    thread.start()
+    thread.join()
+    with made[0] as sb:
+        time.sleep(0.2)
+        assert sb.run("print(1)").stdout == "1\n"
+        worker = sb._idle.get()
+        worker.broken = True  # replaced on next use, from a thread that then ends
+        sb._idle.put(worker)
+        thread = threading.Thread(target=lambda: sb.run("print(2)"))
+        thread.start()
+        thread.join()
+        time.sleep(0.2)
+        assert sb.run("print(3)").stdout == "3\n" and sb.replaced == 1
 
 
 def test_value_comparison():

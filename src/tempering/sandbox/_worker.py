@@ -849,6 +849,9 @@ def read_int(path):
 
 def main():
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    # No handler for SIGINT: as PID 1 of its namespace the server then receives no signal from a program
+    # (the kernel drops what PID 1 has no handler for); children get the default back (enter_child).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     scratch_root = sys.argv[1] if len(sys.argv) > 1 else tempfile.mkdtemp(prefix="tempering-sbx-")
     program_id = int(sys.argv[2]) if len(sys.argv) > 2 else None
     os.makedirs(scratch_root, exist_ok=True)

@@ -151,14 +151,47 @@ class _Worker:
         return bytes(data)
 
     def close(self) -> None:
+        """Stop the worker: politely when it is healthy (it exits when its pipe closes), else by force, with
+        every process still running under its uids (an execution's, which has a session of its own)."""
         if self.proc.poll() is None:
             try:
+                if self.broken:
+                    raise OSError("broken")
                 self.proc.stdin.close()
                 self.proc.wait(timeout=2)
             except (OSError, subprocess.TimeoutExpired):
-                os.killpg(self.proc.pid, signal.SIGKILL)
+                try:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
                 self.proc.wait()
+        if self.broken and self.ids is not None:
+            _kill_uids({self.ids.server, self.ids.program})
         self.errors.close()
+
+
+def _kill_uids(uids: set[int]) -> None:
+    """SIGKILL every process whose real uid is in `uids` (a worker's own uids, used by nothing else)."""
+    for _ in range(20):
+        found = False
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{name}/status", "rb") as f:
+                    fields = dict(line.split(b":", 1) for line in f if b":" in line)
+                uid, state = int(fields[b"Uid"].split()[0]), fields[b"State"].split()[0]
+            except (OSError, KeyError, ValueError, IndexError):
+                continue
+            if uid in uids and state != b"Z":
+                found = True
+                try:
+                    os.kill(int(name), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        if not found:
+            return
+        time.sleep(0.01)
 
 
 def _stopped(pid: int) -> bool:
