@@ -180,6 +180,7 @@ def cmd_sandbox_doctor(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from tempering.sandbox import LocalSandbox
+    from tempering.sandbox.service import read_token, service_protection
 
     with LocalSandbox(workers=1, isolation=args.isolation) as sandbox:
         checks = {lang: sandbox.run(code, language=lang).status for lang, code in _HELLO.items()}
@@ -188,7 +189,7 @@ def cmd_sandbox_doctor(args: argparse.Namespace) -> int:
         table.add_column("protection")
         table.add_column("active")
         table.add_column("how")
-        for p in sandbox.protections():
+        for p in [*sandbox.protections(), service_protection(read_token())]:
             table.add_row(p.name, "[green]yes[/]" if p.active else "[red]NO[/]", p.how)
     console = Console()
     console.print(table)
@@ -206,11 +207,15 @@ _HELLO = {
 
 
 def cmd_sandbox_serve(args: argparse.Namespace) -> int:
-    from tempering.sandbox.service import serve
+    from tempering.sandbox.service import ServiceLimits, read_token, serve
 
-    print(f"sandbox service on http://{args.host}:{args.port} ({args.workers} workers); Ctrl-C stops it",
+    token = read_token(args.token_file)
+    limits = ServiceLimits(max_request_bytes=int(args.max_request_mb * (1 << 20)), max_pending=args.max_pending,
+                           client_pending=args.client_pending, client_concurrency=args.client_concurrency)
+    auth = "token required" if token else "no token (loopback only)"
+    print(f"sandbox service on http://{args.host}:{args.port} ({args.workers} workers, {auth}); Ctrl-C stops it",
           file=sys.stderr)
-    serve(args.host, args.port, workers=args.workers, isolation=args.isolation, max_pending=args.max_pending)
+    serve(args.host, args.port, workers=args.workers, isolation=args.isolation, service=limits, token=token)
     return 0
 
 
@@ -292,6 +297,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8080)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--max-pending", type=int, default=1024, help="executions held at once; more get 429")
+    p.add_argument("--client-pending", type=int, default=256, help="executions one client may hold at once")
+    p.add_argument("--client-concurrency", type=int, default=None,
+                   help="executions of one client running at once (default: all workers)")
+    p.add_argument("--max-request-mb", type=float, default=16, help="largest request body; more get 413")
+    p.add_argument("--token-file", help="file holding the shared secret clients must send (default: "
+                   "$TEMPERING_SANDBOX_TOKEN); required on a non-loopback --host")
     p.add_argument("--isolation", **isolation)
     p.set_defaults(fn=cmd_sandbox_serve)
     p = sandbox.add_parser("bench", help="throughput and latency of the warm worker pool")

@@ -191,6 +191,25 @@ def test_a_pool_outlives_the_thread_that_started_it(backend):
         assert sb.run("print(3)").stdout == "3\n" and sb.replaced == 1
 
 
+HELLO = {
+    "python": "print(6 * 7)",
+    "c": '#include <stdio.h>\nint main(void) { printf("%d\\n", 6 * 7); return 0; }\n',
+    "cpp": '#include <iostream>\nint main() { std::cout << 6 * 7 << std::endl; }\n',
+    "javascript": "console.log(6 * 7)",
+    "bash": "echo $((6 * 7))",
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_every_language_runs_as_the_program_uid(backend):
+    """Compilers and interpreters run under the program's uid, which must still reach what they need
+    (a directory the container creates 0700 for its own uid would not do)."""
+    with LocalSandbox(workers=1, isolation=backend) as sb:
+        for language, code in HELLO.items():
+            r = sb.run(code, language=language, timeout_s=10)
+            assert (r.status, r.stdout, r.stderr) == ("ok", "42\n", ""), (language, r)
+
+
 def test_value_comparison():
     assert compare_values(parse_value("(1, [2, 3])"), [1, [2, 3]])
     assert compare_values(parse_value("0.30000000000000004"), 0.3)

@@ -1,16 +1,21 @@
 """The HTTP sandbox service and its client, against a real `tempering sandbox serve` on loopback."""
 
+import json
+import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 
+import httpx
 import pytest
 
 from tempering.config import load_config
 from tempering.errors import SandboxError
 from tempering.pipeline import make_sandbox
 from tempering.sandbox import RemoteSandbox
+from tempering.sandbox.service import TOKEN_ENV, serve
 from tempering.types import Task, TestCase
 
 
@@ -20,12 +25,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(*extra: str) -> tuple[subprocess.Popen, str]:
+def start_server(*extra: str, token: str | None = None) -> tuple[subprocess.Popen, str]:
     port = free_port()
+    env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV} | ({TOKEN_ENV: token} if token else {})
     proc = subprocess.Popen([sys.executable, "-m", "tempering.cli", "sandbox", "serve", "--port", str(port),
-                             "--workers", "2", *extra], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                             "--workers", "2", *extra], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     url = f"http://127.0.0.1:{port}"
-    client = RemoteSandbox(url, retries=0)
+    client = RemoteSandbox(url, retries=0, token=token)
     deadline = time.monotonic() + 30
     while True:
         try:
@@ -106,3 +112,116 @@ def test_the_trainer_uses_a_remote_sandbox_by_config(server, tmp_path):
     down = load_config("configs/smoke.yaml", [f"sandbox.url=http://127.0.0.1:{free_port()}"])
     with pytest.raises(SandboxError, match="not reachable"):
         make_sandbox(down)
+
+
+# ------------------------------------------------------------------------------------------ exposure
+
+TOKEN = "test-token-0123456789abcdef"
+
+
+@pytest.fixture(scope="module")
+def secured():
+    """A service with a token, 64 KiB bodies, 4 executions held and 1 running per client."""
+    proc, url = start_server("--max-request-mb", "0.0625", "--client-pending", "4", "--client-concurrency", "1",
+                             token=TOKEN)
+    yield url
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+def test_a_non_loopback_address_needs_a_token(monkeypatch):
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    with pytest.raises(SandboxError, match="without a token"):
+        serve("192.0.2.1", free_port())  # a documentation address: nothing is bound either way
+    env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}
+    cli = subprocess.run([sys.executable, "-m", "tempering.cli", "sandbox", "serve", "--host", "192.0.2.1"],
+                         capture_output=True, text=True, timeout=60, env=env)
+    assert cli.returncode == 2 and "without a token" in cli.stderr
+    monkeypatch.setenv(TOKEN_ENV, "short")
+    with pytest.raises(SandboxError, match="at least 16"):
+        RemoteSandbox("http://127.0.0.1:1")
+
+
+def test_a_service_with_a_token_refuses_everyone_else(secured, monkeypatch):
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    for headers in ({}, {"Authorization": "Bearer wrong-token-0123456789"}, {"Authorization": TOKEN}):
+        for method, path in (("GET", "/health"), ("POST", "/execute"), ("POST", "/run_code")):
+            assert httpx.request(method, secured + path, headers=headers, json={}).status_code == 401
+    with RemoteSandbox(secured, retries=0) as anonymous, pytest.raises(SandboxError, match="401"):
+        anonymous.run("print(1)")
+    with RemoteSandbox(secured, token=TOKEN) as sb:
+        assert sb.run("print(1)").stdout == "1\n"
+    monkeypatch.setenv(TOKEN_ENV, TOKEN)  # the client reads the token as the service does
+    with RemoteSandbox(secured) as sb:
+        assert sb.run("print(2)").stdout == "2\n"
+    body = {"code": "print(3)", "language": "python"}
+    assert httpx.post(f"{secured}/run_code?token={TOKEN}", json=body).json()["run_result"]["stdout"] == "3\n"
+
+
+def test_request_size_and_per_client_caps(secured):
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    big = {"code": "x = '" + "a" * (100 << 10) + "'", "language": "python"}
+    r = httpx.post(f"{secured}/run_code", json=big, headers=auth)
+    assert r.status_code == 413 and "bytes" in r.json()["detail"]
+    with RemoteSandbox(secured, token=TOKEN, retries=0) as sb:
+        with pytest.raises(SandboxError, match="413"):
+            sb.run_batch([sb.request("print(1)") for _ in range(5)])  # more than the 4 a client may hold
+        start = time.monotonic()
+        results = sb.run_batch([sb.request("import time\ntime.sleep(0.3)\nprint(1)") for _ in range(2)])
+        assert [r.stdout for r in results] == ["1\n", "1\n"]
+        assert time.monotonic() - start >= 0.6  # one at a time for this client, although there are 2 workers
+    codes = []
+
+    def hold(seconds):
+        body = {"code": f"import time\ntime.sleep({seconds})", "language": "python"}
+        codes.append(httpx.post(f"{secured}/run_code", json=body, headers=auth, timeout=30).status_code)
+
+    holders = [threading.Thread(target=hold, args=(1.5,)) for _ in range(4)]
+    for t in holders:
+        t.start()
+    time.sleep(0.5)
+    r = httpx.post(f"{secured}/run_code", json={"code": "print(1)", "language": "python"}, headers=auth)
+    assert r.status_code == 429 and r.headers["retry-after"] == "1"
+    for t in holders:
+        t.join()
+    assert codes == [200] * 4
+
+
+# ---------------------------------------------------------------------------------- SandboxFusion
+
+
+def run_code(url: str, **body):
+    """A SandboxFusion client, written only from its documented POST /run_code shape."""
+    payload = {"compile_timeout": 10, "run_timeout": 10, "memory_limit_MB": -1, "stdin": "", "files": {},
+               "fetch_files": [], **body}
+    resp = httpx.post(url, content=json.dumps(payload), timeout=60,
+                      headers={"Content-Type": "application/json", "Accept": "application/json"})
+    assert resp.status_code == 200, resp.text
+    return resp.json()
+
+
+CPP = "#include <iostream>\nint main() { int a, b; std::cin >> a >> b; std::cout << a * b << std::endl; }\n"
+
+
+def test_a_sandboxfusion_client_works_unchanged(server, secured):
+    for url in (f"{server}/run_code", f"{secured}/run_code?token={TOKEN}"):
+        py = run_code(url, code="print(sum(map(int, input().split())))", language="python", stdin="2 3\n")
+        assert py["status"] == "Success" and py["compile_result"] is None
+        assert py["run_result"] | {"execution_time": 0} == {"status": "Finished", "execution_time": 0,
+                                                           "return_code": 0, "stdout": "5\n", "stderr": ""}
+        cpp = run_code(url, code=CPP, language="cpp", stdin="6 7\n")
+        assert cpp["status"] == "Success" and cpp["run_result"]["stdout"] == "42\n"
+        assert cpp["compile_result"]["status"] == "Finished" and cpp["compile_result"]["return_code"] == 0
+        failing = run_code(url, code="raise ValueError('boom')", language="python")
+        assert failing["status"] == "Failed" and failing["run_result"]["status"] == "Finished"
+        assert failing["run_result"]["return_code"] == 1 and "ValueError: boom" in failing["run_result"]["stderr"]
+    broken = run_code(f"{server}/run_code", code="int main( {", language="cpp")
+    assert broken["status"] == "Failed" and broken["run_result"] is None
+    assert broken["compile_result"]["return_code"] != 0 and "error" in broken["compile_result"]["stderr"]
+    slow = run_code(f"{server}/run_code", code="while True: pass", language="python", run_timeout=0.5)
+    assert slow["status"] == "Failed" and slow["run_result"]["status"] == "TimeLimitExceeded"
+    assert slow["run_result"]["return_code"] is None
+    js = run_code(f"{server}/run_code", code="console.log(6 * 7)", language="nodejs")
+    assert js["status"] == "Success" and js["run_result"]["stdout"] == "42\n"
+    other = run_code(f"{server}/run_code", code="class A {}", language="java")
+    assert other["status"] == "SandboxError" and "not supported" in other["message"]

@@ -187,6 +187,7 @@ def bwrap_args(scratch_mb: int, *, split: bool = False) -> list[str]:
             args += ["--symlink", os.readlink(path), str(path)]
         elif path.is_dir():
             args += ["--ro-bind", str(path), str(path)]
+    args += ["--perms", "0755", "--dir", "/etc"]  # else created 0700: closed to a program of another uid
     for etc in ("/etc/ld.so.cache", "/etc/alternatives", "/etc/localtime"):
         args += ["--ro-bind-try", etc, etc]
     args += ["--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev"]

@@ -1,27 +1,56 @@
 """The sandbox as an HTTP service (`tempering sandbox serve`) and its client, `RemoteSandbox`.
 
-    POST /execute  {"requests": [ExecRequest, ...]}  ->  {"results": [raw result, ...]}
-    GET  /health   ->  {"status": "ok", "backend": ..., "workers": n, "protections": [...]}
+    POST /execute   {"requests": [ExecRequest, ...]}  ->  {"results": [raw result, ...]}
+    POST /run_code  SandboxFusion's request and response (see `fusion.py`), for its existing clients
+    GET  /health    ->  {"status": "ok", "backend": ..., "workers": n, "protections": [...]}
 
 The client grades tests itself (`Sandbox.run_tests_batch`), so expected outputs never travel to the
-service; `check()` test code does (it must run next to the program). The service holds at most
-`max_pending` executions at once and answers 429 beyond that; the client backs off and retries, which
-is the backpressure. It listens on loopback unless told otherwise: it executes whatever it is sent.
+service; `check()` test code does (it must run next to the program).
+
+Exposure. The service executes whatever it is sent, so: it listens on loopback unless told otherwise,
+and on any other address it refuses to start without a shared secret (`TEMPERING_SANDBOX_TOKEN`, or a
+file named by `--token-file` / `TEMPERING_SANDBOX_TOKEN_FILE`). With a token every request must carry
+`Authorization: Bearer <token>` (or `?token=<token>` in the URL, for clients that cannot set headers,
+such as verl's `sandbox_fusion` reward), else 401. Every request is capped: a body larger than
+`max_request_bytes` gets 413 before it is read; each client (by address) may hold `client_pending`
+executions (running or queued) and run `client_concurrency` at once; the service as a whole holds
+`max_pending`. Beyond these the answer is 429 with Retry-After (the client backs off and retries), or
+413 for a batch that could never fit.
 """
 
 from __future__ import annotations
 
-import threading
+import ipaddress
+import os
 import time
-from dataclasses import asdict, fields
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
 
 from tempering.errors import SandboxError
+from tempering.sandbox.isolation import Protection
 from tempering.sandbox.local import ExecRequest, LocalSandbox, Sandbox, SandboxLimits
 
 LIMIT_FIELDS = {f.name for f in fields(SandboxLimits)}
+TOKEN_ENV, TOKEN_FILE_ENV = "TEMPERING_SANDBOX_TOKEN", "TEMPERING_SANDBOX_TOKEN_FILE"
+MIN_TOKEN_CHARS = 16
+
+
+@dataclass(frozen=True)
+class ServiceLimits:
+    max_request_bytes: int = 16 << 20
+    """Largest request body; a larger one gets 413 before it is read."""
+    max_pending: int = 1024
+    """Executions held at once by the whole service (running or waiting for a worker)."""
+    client_pending: int = 256
+    """Executions one client (by address) may hold at once."""
+    client_concurrency: int | None = None
+    """Executions of one client running at once; None: as many as there are workers."""
+    max_timeout_s: float = 60.0
+    """Cap on a /run_code request's run and compile timeouts."""
 
 
 class Batch(BaseModel):
@@ -43,58 +72,69 @@ def request_from_json(data: dict[str, Any]) -> ExecRequest:
     return ExecRequest(limits=SandboxLimits(**limits), **data)
 
 
-def create_app(sandbox: LocalSandbox, *, max_pending: int = 1024):
-    """A FastAPI app executing requests on `sandbox`."""
-    from fastapi import FastAPI, HTTPException
+# ------------------------------------------------------------------------------------------- secrets
 
-    app = FastAPI(title="tempering sandbox")
-    pending = threading.BoundedSemaphore(max_pending)
-    lock = threading.Lock()
-    state = {"pending": 0}
 
-    @app.get("/health")
-    def health() -> dict[str, Any]:
-        return {"status": "ok", "backend": sandbox.backend, "workers": sandbox.size, "pending": state["pending"],
-                "protections": [asdict(p) for p in sandbox.protections()]}
-
-    @app.post("/execute")
-    def execute(batch: Batch) -> dict[str, Any]:  # a plain def: FastAPI runs it on its thread pool
+def read_token(token_file: str | None = None) -> str | None:
+    """The shared secret: the first line of `token_file` (or of $TEMPERING_SANDBOX_TOKEN_FILE), else
+    $TEMPERING_SANDBOX_TOKEN, else None."""
+    path = token_file or os.environ.get(TOKEN_FILE_ENV)
+    if path:
         try:
-            reqs = [request_from_json(r) for r in batch.requests]
-        except (TypeError, ValueError) as e:
-            raise HTTPException(status_code=422, detail=f"bad request: {e}") from None
-        if len(reqs) > max_pending:
-            raise HTTPException(status_code=413, detail=f"a batch of {len(reqs)} executions is more than this "
-                                f"service holds at once ({max_pending}); send smaller batches")
-        taken = 0
-        try:
-            for _ in reqs:
-                if not pending.acquire(blocking=False):
-                    raise HTTPException(status_code=429, detail="sandbox busy", headers={"Retry-After": "1"})
-                taken += 1
-            with lock:
-                state["pending"] += taken
-            try:
-                return {"results": sandbox.execute_many(reqs)}
-            except SandboxError as e:
-                raise HTTPException(status_code=422, detail=str(e)) from None
-            finally:
-                with lock:
-                    state["pending"] -= taken
-        finally:
-            for _ in range(taken):
-                pending.release()
+            lines = Path(path).read_text().splitlines()
+        except OSError as e:
+            raise SandboxError(f"cannot read the sandbox token file '{path}': {e.strerror}") from None
+        token = lines[0].strip() if lines else ""
+    else:
+        token = os.environ.get(TOKEN_ENV, "").strip()
+    if not token:
+        return None
+    if len(token) < MIN_TOKEN_CHARS:
+        raise SandboxError(f"the sandbox token is {len(token)} characters; use at least {MIN_TOKEN_CHARS} "
+                           "(e.g. `python -c 'import secrets; print(secrets.token_urlsafe(32))'`)")
+    return token
 
-    return app
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def service_protection(token: str | None = None) -> Protection:
+    """What `tempering sandbox serve` would require here (for `tempering sandbox doctor`)."""
+    lim = ServiceLimits()
+    state = "a token is configured here" if token else f"no token configured here (${TOKEN_ENV})"
+    return Protection("service auth and caps", True,
+                      f"`serve` on a non-loopback address requires a bearer token ({state}); bodies <= "
+                      f"{lim.max_request_bytes >> 20} MiB, per-client caps on queued and running executions")
+
+
+def create_app(sandbox: LocalSandbox, *, token: str | None = None, limits: ServiceLimits | None = None,
+               max_pending: int | None = None):
+    """An ASGI app executing requests on `sandbox` (see `app.py`)."""
+    from tempering.sandbox.app import create_app as create
+
+    limits = limits or ServiceLimits()
+    if max_pending is not None:
+        limits = ServiceLimits(**{**asdict(limits), "max_pending": max_pending})
+    return create(sandbox, token=token, limits=limits)
 
 
 def serve(host: str = "127.0.0.1", port: int = 8080, *, workers: int = 2, isolation: str = "auto",
-          limits: SandboxLimits | None = None, max_pending: int = 1024) -> None:
-    """Run the service until interrupted."""
+          limits: SandboxLimits | None = None, service: ServiceLimits | None = None, token: str | None = None) -> None:
+    """Run the service until interrupted. Refuses a non-loopback address without a token."""
     import uvicorn
 
+    if token is None and not is_loopback(host):
+        raise SandboxError(f"refusing to serve on {host} without a token: anyone reaching it could run code; set "
+                           f"${TOKEN_ENV} (or --token-file) to a secret of at least {MIN_TOKEN_CHARS} characters, "
+                           "and give it to the clients")
     with LocalSandbox(limits, workers=workers, isolation=isolation) as sandbox:
-        app = create_app(sandbox, max_pending=max_pending)
+        app = create_app(sandbox, token=token, limits=service)
         uvicorn.run(app, host=host, port=port, log_level="warning", timeout_keep_alive=30)
 
 
@@ -102,25 +142,27 @@ class RemoteSandbox(Sandbox):
     """A sandbox service reached over HTTP; the same API as LocalSandbox.
 
     Connection failures and 429/5xx answers are retried with exponential backoff; when the service
-    stays unreachable the error says which URL and why.
+    stays unreachable the error says which URL and why. The token is `token`, else read as the
+    service reads it (`TEMPERING_SANDBOX_TOKEN` / `TEMPERING_SANDBOX_TOKEN_FILE`).
     """
 
     def __init__(self, url: str, limits: SandboxLimits | None = None, *, timeout_s: float = 120.0,
-                 retries: int = 4, backoff_s: float = 0.5, batch_size: int = 256, concurrency: int = 4):
+                 retries: int = 4, backoff_s: float = 0.5, batch_size: int = 256, concurrency: int = 4,
+                 token: str | None = None):
         import httpx
 
         self.url = url.rstrip("/")
         self.limits = limits or SandboxLimits()
         self.retries, self.backoff_s, self.batch_size, self.concurrency = retries, backoff_s, batch_size, concurrency
-        self._client = httpx.Client(base_url=self.url, timeout=httpx.Timeout(timeout_s, connect=5.0))
+        token = token or read_token()
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._client = httpx.Client(base_url=self.url, timeout=httpx.Timeout(timeout_s, connect=5.0), headers=headers)
         self.size = concurrency
 
     def health(self) -> dict[str, Any]:
         return self._call("GET", "/health")
 
     def execute_many(self, requests: list[ExecRequest], *, concurrency: int | None = None) -> list[dict[str, Any]]:
-        from concurrent.futures import ThreadPoolExecutor
-
         chunks = [requests[i: i + self.batch_size] for i in range(0, len(requests), self.batch_size)]
 
         def send(chunk: list[ExecRequest]) -> list[dict[str, Any]]:
@@ -144,6 +186,9 @@ class RemoteSandbox(Sandbox):
             else:
                 if resp.status_code == 200:
                     return resp.json()
+                if resp.status_code == 401:
+                    raise SandboxError(f"sandbox service at {self.url} refused the token (401); set ${TOKEN_ENV} "
+                                       "(or $TEMPERING_SANDBOX_TOKEN_FILE) to the service's token")
                 if resp.status_code not in (429, 502, 503, 504):
                     raise SandboxError(f"sandbox service at {self.url} refused the request "
                                        f"({resp.status_code}): {resp.text[:500]}")
@@ -152,7 +197,7 @@ class RemoteSandbox(Sandbox):
                 time.sleep(self.backoff_s * 2 ** attempt)
         if last == "HTTP 429":
             raise SandboxError(f"sandbox service at {self.url} is still busy (HTTP 429) after {self.retries + 1} "
-                               "attempts; send smaller batches or raise its --max-pending")
+                               "attempts; send smaller batches or raise its --max-pending / --client-pending")
         raise SandboxError(f"sandbox service at {self.url} is not reachable after {self.retries + 1} attempts "
                            f"({last}); is `tempering sandbox serve` running there?")
 

@@ -1,0 +1,168 @@
+"""The HTTP app of `tempering sandbox serve`: auth and size guard, per-client admission, the endpoints.
+
+See `service.py` for what each endpoint does and which limits apply. (No `from __future__ import
+annotations` here: FastAPI reads the endpoints' annotations at run time.)
+"""
+
+import hmac
+import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
+from typing import Any
+from urllib.parse import parse_qs
+
+from fastapi import FastAPI, HTTPException, Request
+
+from tempering.errors import SandboxError
+from tempering.sandbox import fusion
+from tempering.sandbox.local import ExecRequest, LocalSandbox
+from tempering.sandbox.service import Batch, ServiceLimits, request_from_json
+
+# --------------------------------------------------------------------------------------- admission
+
+
+class Admission:
+    """Executions held per client and in all; a client's running executions are capped by a semaphore."""
+
+    def __init__(self, limits: ServiceLimits, workers: int):
+        self.limits = limits
+        self.concurrency = max(1, limits.client_concurrency or workers)
+        self.lock = threading.Lock()
+        self.held: dict[str, int] = {}
+        self.total = 0
+        self.slots: dict[str, threading.BoundedSemaphore] = {}
+
+    def enter(self, client: str, n: int) -> None:
+        cap = min(self.limits.client_pending, self.limits.max_pending)
+        if n > cap:
+            raise HTTPException(status_code=413, detail=f"a batch of {n} executions is more than one client may "
+                                f"hold at once ({cap}); send smaller batches")
+        with self.lock:
+            mine = self.held.get(client, 0)
+            if mine + n > self.limits.client_pending or self.total + n > self.limits.max_pending:
+                who = "this client" if mine + n > self.limits.client_pending else "the service"
+                raise HTTPException(status_code=429, headers={"Retry-After": "1"},
+                                    detail=f"sandbox busy: {who} already holds the executions it may")
+            self.held[client] = mine + n
+            self.total += n
+            self.slots.setdefault(client, threading.BoundedSemaphore(self.concurrency))
+
+    def leave(self, client: str, n: int) -> None:
+        with self.lock:
+            self.total -= n
+            self.held[client] -= n
+            if not self.held[client]:
+                del self.held[client]  # its semaphore stays: a request may still hold a slot of it
+
+    def run(self, sandbox: LocalSandbox, client: str, reqs: list[ExecRequest]) -> list[dict[str, Any]]:
+        """Execute on the pool, at most `concurrency` of this client's executions at a time."""
+        slot = self.slots[client]
+
+        def one(req: ExecRequest) -> dict[str, Any]:
+            with slot:
+                return sandbox.execute(req)
+
+        if len(reqs) <= 1:
+            return [one(r) for r in reqs]
+        with ThreadPoolExecutor(max_workers=min(len(reqs), self.concurrency)) as pool:
+            return list(pool.map(one, reqs))
+
+
+class Guard:
+    """ASGI middleware: the token (401), then the body size (413), before the app sees the request."""
+
+    def __init__(self, app, token: str | None, max_bytes: int):
+        self.app, self.token, self.max_bytes = app, token, max_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = dict(scope.get("headers") or [])
+        if self.token is not None and not self._authorized(scope, headers):
+            return await _reply(send, 401, "missing or wrong token: send 'Authorization: Bearer <token>'",
+                                [(b"www-authenticate", b"Bearer")])
+        declared = headers.get(b"content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > self.max_bytes):
+            return await _reply(send, 413, f"request body over {self.max_bytes} bytes")
+        body, more = bytearray(), True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                return await self.app(scope, receive, send)  # the client went away
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+            if len(body) > self.max_bytes:
+                return await _reply(send, 413, f"request body over {self.max_bytes} bytes")
+        delivered = False
+
+        async def replay():
+            nonlocal delivered
+            if delivered:
+                return await receive()
+            delivered = True
+            return {"type": "http.request", "body": bytes(body), "more_body": False}
+
+        return await self.app(scope, replay, send)
+
+    def _authorized(self, scope, headers) -> bool:
+        given = headers.get(b"authorization", b"").decode("latin-1")
+        if given.startswith("Bearer "):
+            given = given[len("Bearer "):]
+        else:
+            given = (parse_qs(scope.get("query_string", b"").decode("latin-1")).get("token") or [""])[0]
+        return hmac.compare_digest(given.encode(), self.token.encode())
+
+
+async def _reply(send, status: int, detail: str, headers: list | None = None) -> None:
+    body = json.dumps({"detail": detail}).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                            *(headers or [])]})
+    await send({"type": "http.response.body", "body": body})
+
+
+# --------------------------------------------------------------------------------------------- app
+
+
+def create_app(sandbox: LocalSandbox, *, token: str | None, limits: ServiceLimits):
+    """FastAPI executing requests on `sandbox`, behind `Guard`."""
+    admission = Admission(limits, sandbox.size)
+    app = FastAPI(title="tempering sandbox", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.get("/health")
+    def health() -> dict[str, Any]:
+        return {"status": "ok", "backend": sandbox.backend, "workers": sandbox.size, "pending": admission.total,
+                "protections": [asdict(p) for p in sandbox.protections()]}
+
+    @app.post("/execute")
+    def execute(batch: Batch, request: Request) -> dict[str, Any]:  # a plain def: run on FastAPI's thread pool
+        try:
+            reqs = [request_from_json(r) for r in batch.requests]
+        except (TypeError, ValueError) as e:
+            raise HTTPException(status_code=422, detail=f"bad request: {e}") from None
+        client = request.client.host if request.client else "?"
+        admission.enter(client, len(reqs))
+        try:
+            return {"results": admission.run(sandbox, client, reqs)}
+        except SandboxError as e:
+            raise HTTPException(status_code=422, detail=str(e)) from None
+        finally:
+            admission.leave(client, len(reqs))
+
+    @app.post("/run_code")
+    def run_code(body: fusion.RunCode, request: Request) -> dict[str, Any]:
+        why = fusion.unsupported(body)
+        if why:
+            return fusion.error_response(why)
+        client = request.client.host if request.client else "?"
+        admission.enter(client, 1)
+        try:
+            [raw] = admission.run(sandbox, client, [fusion.to_request(body, sandbox.limits, limits.max_timeout_s)])
+        except SandboxError as e:
+            return fusion.error_response(str(e))
+        finally:
+            admission.leave(client, 1)
+        return fusion.to_response(raw, body.language)
+
+    return Guard(app, token, limits.max_request_bytes)
