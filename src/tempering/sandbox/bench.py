@@ -11,7 +11,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from tempering.sandbox.isolation import bwrap_args, next_worker_uid, resolve
+from tempering.sandbox.isolation import WORKER_ENV, bwrap_args, next_worker_ids, resolve
 from tempering.sandbox.local import LocalSandbox, SandboxLimits, default_python, test_requests
 from tempering.types import Task, TestCase
 
@@ -94,12 +94,12 @@ def bench_bwrap_per_exec(concurrency: int, n: int, workload: str) -> Row | None:
     if iso.backend != "bwrap":
         return None
     code = _program(workload)
-    uid = next_worker_uid()
-    run_as = {"user": uid, "group": uid, "extra_groups": []} if uid is not None else {}
+    ids = next_worker_ids()
+    run_as = {"user": ids.program, "group": ids.program, "extra_groups": []} if ids is not None else {}
     argv = [iso.bwrap, *bwrap_args(iso.scratch_mb), "--", iso.python, "-s", "-B", "-c", code]
 
     def fn(_):
-        return subprocess.run(argv, capture_output=True, env={}, timeout=10, **run_as).returncode == 0
+        return subprocess.run(argv, capture_output=True, env=WORKER_ENV, timeout=10, **run_as).returncode == 0
 
     elapsed, lat, oks = _timed(fn, range(n), concurrency)
     return _row("bwrap per execution", workload, concurrency, n, elapsed, lat, oks)
