@@ -17,7 +17,7 @@ Per execution:
   the program cannot reach;
 - afterwards every process the execution left behind is killed (this server is PID 1 of its namespace,
   or a child subreaper) and the scratch area is wiped;
-- where the worker has two uids (argv[2] is the program's uid, see `isolation.py`), the program's child
+- where the worker has two uids (`program_id` in its argv config, see `isolation.py`), the program's child
   and the compiler switch to it, which drops every capability: nothing they do reaches this server or
   the checker. After each execution the server compares its own rlimits with those it started with and
   reports any change (`worker_damaged`): the host then replaces the worker.
@@ -852,8 +852,9 @@ def main():
     # No handler for SIGINT: as PID 1 of its namespace the server then receives no signal from a program
     # (the kernel drops what PID 1 has no handler for); children get the default back (enter_child).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    scratch_root = sys.argv[1] if len(sys.argv) > 1 else tempfile.mkdtemp(prefix="tempering-sbx-")
-    program_id = int(sys.argv[2]) if len(sys.argv) > 2 else None
+    config = json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}  # isolation.Isolation.worker_config
+    scratch_root = config.get("scratch") or tempfile.mkdtemp(prefix="tempering-sbx-")
+    program_id = config.get("program_id")
     os.makedirs(scratch_root, exist_ok=True)
     server = Server(scratch_root, program_id)
     write_msg(1, {"ready": True, "pid1": server.pid1, "uid": os.getuid(), "program_uid": program_id,
@@ -872,7 +873,7 @@ def main():
                 resp["worker_damaged"] = damage
             write_msg(1, resp)
     finally:
-        if len(sys.argv) <= 1:
+        if not config.get("scratch"):
             shutil.rmtree(scratch_root, ignore_errors=True)
 
 

@@ -80,13 +80,15 @@ class Isolation:
     uid_split: bool = False      # programs run under a uid other than their server's (see module doc)
     why_not_split: str | None = None
 
+    def worker_config(self) -> dict:
+        """What the fork server is told on its command line (`_worker.main`)."""
+        return {"scratch": SCRATCH if self.uid_split or self.backend == "bwrap" else None,  # None: a temp dir
+                "program_id": PROGRAM_ID if self.uid_split else None}
+
     def worker_argv(self, boot_fd: int) -> list[str]:
         """The fork server's own command line; its source comes on the inherited pipe `boot_fd`
         (`WORKER_BOOT`), so it need not be readable by the worker's uid or present in the container."""
-        argv = [self.python, "-s", "-B", "-c", WORKER_BOOT.format(fd=boot_fd)]
-        if self.uid_split:
-            return argv + [SCRATCH, str(PROGRAM_ID)]
-        return argv + [SCRATCH] if self.backend == "bwrap" else argv
+        return [self.python, "-s", "-B", "-c", WORKER_BOOT.format(fd=boot_fd), json.dumps(self.worker_config())]
 
     def command(self, ids: WorkerIds | None, inner: list[str]) -> tuple[list[str], dict]:
         """argv and Popen keyword arguments that run `inner` as a worker with the uids `ids`."""
@@ -114,8 +116,10 @@ class Isolation:
                 map_ids(proc.pid, ids)
                 proc.stdin.write(b"G")
                 proc.stdin.flush()
-            except OSError:
-                pass  # the worker's start-up then fails, and its stderr says why
+            except OSError as e:
+                proc.kill()
+                proc.wait()
+                raise OSError(f"cannot give the worker its two uids ({e})") from None
         return proc
 
     def protections(self, ids: WorkerIds | None, info: dict | None = None) -> list[Protection]:

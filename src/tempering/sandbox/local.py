@@ -104,6 +104,8 @@ class _Worker:
             self.proc = isolation.start(self.ids, isolation.worker_argv(boot_r), stderr=self.errors,
                                         pass_fds=(boot_r,))
         except OSError as e:
+            os.close(boot_w)
+            self.errors.close()
             raise SandboxError(f"cannot start a sandbox worker: {e}") from None
         finally:
             os.close(boot_r)
