@@ -26,8 +26,9 @@ class RunSection(Section):
     """Seeds every random choice of the run (task sampling, generation, minibatch order)."""
     threads: int = 2
     """torch intra-op threads; resume-identical numbers need the same value as the original run."""
-    device: str = "cpu"
-    """torch device for the policy (`cpu`, `cuda`, `cuda:1`)."""
+    device: str = Field("auto", pattern=r"^(auto|cpu|mps|cuda(:\d+)?)$")
+    """torch device of the policy, reference and critic: `auto` (CUDA when present, else CPU), `cpu`, `cuda`,
+    `cuda:1`, `mps`. Rollout batches stay on the CPU; each minibatch moves to this device."""
 
 
 class ModelSection(Section):
