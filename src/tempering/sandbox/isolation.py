@@ -3,10 +3,11 @@
 A worker is one long-lived fork server (`_worker.py`). Under bubblewrap it is PID 1 of fresh user, PID,
 network, IPC, UTS and cgroup namespaces, with no capabilities, a read-only view of /usr (and nothing
 else of the host's filesystem), a size-limited tmpfs for scratch, an empty environment, and it dies with
-its parent. A pool may add read-only import paths (`python_path`, bound at the same path inside and put
-on the worker's sys.path) and modules the fork server imports once before it forks (`preload`): what a
-verifier running in the sandbox needs, e.g. reasoning-gym's (`envs/gym.py`). When the host runs as root the worker runs as its own unprivileged uid, so `RLIMIT_NPROC`
+its parent. When the host runs as root the worker runs as its own unprivileged uid, so `RLIMIT_NPROC`
 binds (it is per real uid and ignored for root) and host files readable only by root stay unreadable.
+A pool may add read-only import paths (`python_path`, bound at the same path inside and put first on the
+worker's sys.path) and modules the fork server imports once before it forks (`preload`): what a verifier
+running in the sandbox needs, e.g. reasoning-gym's (`envs/gym.py`).
 
 Measured on a 2-core VM (bench/sandbox_throughput.py): starting bubblewrap costs ~15-25 ms, paid once
 per worker; each execution is a fork inside the container.
