@@ -188,7 +188,7 @@ class AlgoSection(Section):
     kl_target: float | None = None
     """Adaptive KL: steer kl_coef toward this KL per token (Ziegler et al.); None = fixed coefficient."""
     kl_horizon: int = 10000
-    """Adaptive KL horizon."""
+    """Adaptive KL horizon, in samples: a step of B samples moves kl_coef by at most 20% * B / horizon."""
     entropy_coef: float = 0.0
     """Weight of the entropy bonus."""
     max_grad_norm: float = 1.0

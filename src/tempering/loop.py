@@ -275,7 +275,7 @@ class RLTrainer:
             if self.ref is not None:
                 observed = kl_metrics.get("actor/reward_kl", metrics.get("actor/kl_loss", 0.0))
                 metrics["actor/kl_coef"] = self.kl.coef
-                self.kl.update(observed)
+                self.kl.update(observed, n_steps=len(batch))  # samples in the step, as in Ziegler et al.
             metrics.update(kl_metrics)
             metrics.update((episode_metrics if self.episodic else rollout_metrics)(items, rewards, batch, truncated))
             metrics["actor/trained_fraction"] = len(train_batch) / len(batch)

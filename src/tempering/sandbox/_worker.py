@@ -17,6 +17,10 @@ Per execution:
   the program cannot reach;
 - afterwards every process the execution left behind is killed (this server is PID 1 of its namespace,
   or a child subreaper) and the scratch area is wiped.
+
+Started with `--setup={"path": [...], "preload": [...]}`, the server puts the paths first on sys.path and
+imports the modules once before serving (`prepare`), so a verifier's package is loaded per worker, not
+per execution.
 """
 # ruff: noqa: I001  (the second import block, preloaded for solutions, is grouped on purpose)
 
@@ -760,10 +764,41 @@ def collect(req, pid, start, out_r, err_r, res_r, checker=None):
     }
 
 
+def prepare(setup, scratch_root):
+    """Extra import paths first on sys.path, then the modules to preload, imported once here so that every
+    forked execution finds them loaded (e.g. a verifier's package). While they import, math libraries are
+    held to one thread (this process forks: a thread pool would not survive into its children) and
+    temporary files go to the scratch area; then the environment is emptied again."""
+    sys.path[:0] = setup.get("path") or []
+    saved = dict(os.environ)
+    os.environ.update({"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+                       "TMPDIR": scratch_root})
+    saved_tempdir, tempfile.tempdir = tempfile.tempdir, scratch_root
+    protocol = os.dup(1)
+    os.dup2(2, 1)  # what an import prints must not land in the protocol pipe
+    for name in setup.get("preload") or []:
+        try:
+            __import__(name)
+        except BaseException as e:
+            sys.stderr.write(f"cannot preload module '{name}' (sys.path {sys.path}): {type(e).__name__}: {e}\n")
+            sys.stderr.flush()
+            os._exit(3)
+    flush()
+    os.dup2(protocol, 1)
+    os.close(protocol)
+    os.environ.clear()
+    os.environ.update(saved)
+    tempfile.tempdir = saved_tempdir
+
+
 def main():
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-    scratch_root = sys.argv[1] if len(sys.argv) > 1 else tempfile.mkdtemp(prefix="tempering-sbx-")
+    args = [a for a in sys.argv[1:] if not a.startswith("--setup=")]
+    setups = [json.loads(a[len("--setup="):]) for a in sys.argv[1:] if a.startswith("--setup=")]
+    scratch_root = args[0] if args else tempfile.mkdtemp(prefix="tempering-sbx-")
     os.makedirs(scratch_root, exist_ok=True)
+    if setups:
+        prepare(setups[0], scratch_root)
     server = Server(scratch_root)
     write_msg(1, {"ready": True, "pid1": server.pid1, "uid": os.getuid()})
     try:
@@ -777,7 +812,7 @@ def main():
                 resp = {"status": "sandbox_error", "stderr": traceback.format_exc()}
             write_msg(1, resp)
     finally:
-        if len(sys.argv) <= 1:
+        if not args:
             shutil.rmtree(scratch_root, ignore_errors=True)
 
 

@@ -5,6 +5,9 @@ network, IPC, UTS and cgroup namespaces, with no capabilities, a read-only view 
 else of the host's filesystem), a size-limited tmpfs for scratch, an empty environment, and it dies with
 its parent. When the host runs as root the worker runs as its own unprivileged uid, so `RLIMIT_NPROC`
 binds (it is per real uid and ignored for root) and host files readable only by root stay unreadable.
+A pool may add read-only import paths (`python_path`, bound at the same path inside and put first on the
+worker's sys.path) and modules the fork server imports once before it forks (`preload`): what a verifier
+running in the sandbox needs, e.g. reasoning-gym's (`envs/gym.py`).
 
 Measured on a 2-core VM (bench/sandbox_throughput.py): starting bubblewrap costs ~15-25 ms, paid once
 per worker; each execution is a fork inside the container.
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import json
 import os
 import shutil
 import subprocess
@@ -47,6 +51,10 @@ class Isolation:
     scratch_mb: int = 64
     bwrap: str | None = None
     why_not_bwrap: str | None = None
+    python_path: tuple[str, ...] = ()
+    """Directories bound read-only (same path) into the container and put first on the worker's sys.path."""
+    preload: tuple[str, ...] = ()
+    """Modules the fork server imports once, before it forks any execution."""
 
     def worker_command(self, uid: int | None, boot_fd: int = 3) -> tuple[list[str], dict]:
         """argv and Popen keyword arguments for one worker; the worker's source is read from the inherited
@@ -55,10 +63,13 @@ class Isolation:
         run_as = {}
         if uid is not None:
             run_as = {"user": uid, "group": uid, "extra_groups": []}
+        setup = [f"--setup={json.dumps({'path': self.python_path, 'preload': self.preload})}"] \
+            if self.python_path or self.preload else []
         if self.backend == "bwrap":
-            argv = [self.bwrap, *bwrap_args(self.scratch_mb), "--", self.python, "-s", "-B", "-c", boot, "/tmp"]
+            argv = [self.bwrap, *bwrap_args(self.scratch_mb, self.python_path), "--", self.python, "-s", "-B", "-c",
+                    boot, "/tmp", *setup]
             return argv, run_as
-        return [self.python, "-s", "-B", "-c", boot], run_as
+        return [self.python, "-s", "-B", "-c", boot, *setup], run_as
 
     def protections(self, uid: int | None) -> list[Protection]:
         bw = self.backend == "bwrap"
@@ -68,6 +79,7 @@ class Isolation:
             Protection("network isolation", bw, "new network namespace (no interfaces but its own loopback)"
                        if bw else off),
             Protection("filesystem isolation", bw, "only /usr is visible, read-only; root and /dev read-only"
+                       + (f"; {len(self.python_path)} import path(s) read-only" if self.python_path else "")
                        if bw else off + " (the program sees the host's filesystem with the worker's rights)"),
             Protection("private scratch, size-limited", bw,
                        f"tmpfs /tmp of {self.scratch_mb} MiB, wiped after each execution" if bw
@@ -91,7 +103,7 @@ class Isolation:
         ]
 
 
-def bwrap_args(scratch_mb: int) -> list[str]:
+def bwrap_args(scratch_mb: int, ro_paths: tuple[str, ...] = ()) -> list[str]:
     args = ["--unshare-all", "--die-with-parent", "--new-session", "--as-pid-1", "--cap-drop", "ALL",
             "--hostname", "sandbox", "--ro-bind", "/usr", "/usr"]
     for top in ("bin", "sbin", "lib", "lib64", "lib32", "libx32"):
@@ -102,6 +114,8 @@ def bwrap_args(scratch_mb: int) -> list[str]:
             args += ["--ro-bind", str(path), str(path)]
     for etc in ("/etc/ld.so.cache", "/etc/alternatives", "/etc/localtime"):
         args += ["--ro-bind-try", etc, etc]
+    for path in ro_paths:  # e.g. a venv's site-packages, for a preloaded verifier
+        args += ["--ro-bind", path, path]
     args += ["--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev",
              "--size", str(scratch_mb << 20), "--perms", "1777", "--tmpfs", "/tmp",
              "--remount-ro", "/", "--chdir", "/tmp"]
