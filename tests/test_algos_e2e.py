@@ -62,3 +62,7 @@ def test_resume_with_a_critic_and_adaptive_kl_is_exact(tmp_path):
     rows, ref = stable(metrics(run_dir)), stable(metrics(reference))
     assert rows == ref
     assert ref[-1]["actor/kl_coef"] != ref[0]["actor/kl_coef"]  # the adaptive coefficient moved and was restored
+    # Each step moves it as Ziegler et al.'s eq. 2 with n = the step's samples (4 prompts x 4), not 1.
+    for a, b in zip(ref, ref[1:]):
+        e = min(max(a["actor/reward_kl"] / 0.01 - 1.0, -0.2), 0.2)
+        assert b["actor/kl_coef"] == pytest.approx(a["actor/kl_coef"] * (1 + e * 16 / 10000), rel=1e-9)

@@ -140,3 +140,12 @@ def test_the_naive_harness_is_fooled_by_an_early_exit_and_the_guard_catches_it(s
     assert r.score == -1.0
     _, honest = run(sandbox, task(), "    return x * x\n", fooled)
     assert honest.score == 1.0 and honest.info["hacking"] == []
+
+
+def test_model_code_is_parsed_on_the_host_only_when_bounded():
+    from tempering.rewards.guards import MAX_PARSE_CHARS, parse_quietly
+
+    assert parse_quietly("def f():\n    return 1\n") is not None
+    assert parse_quietly("x = 1\n" * (MAX_PARSE_CHARS // 6 + 1)) is None  # too long to parse in the trainer
+    for hostile in ["(" * 100_000, "-" * 1_000_000 + "1", "a." * 300_000 + "b", "1+" * 1_000_000 + "1"]:
+        assert parse_quietly(hostile) is None  # deep nesting: an error, never a crash

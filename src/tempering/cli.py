@@ -95,7 +95,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from tempering.data import load_tasks
     from tempering.envs import EnvContext
     from tempering.eval.evaluate import evaluate, evaluate_episodes
-    from tempering.models.loading import check_model_dir, load_model, load_tokenizer
+    from tempering.models.loading import check_model_dir, load_model, load_tokenizer, resolve_device
     from tempering.sandbox import LocalSandbox
 
     model_dir = check_model_dir(_resolve_model_dir(Path(args.model)))
@@ -106,8 +106,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise TemperingError(f"--k '{args.k}' is not a comma-separated list of integers") from None
     if max(ks) > args.samples and not args.greedy:
         raise TemperingError(f"--k {max(ks)} needs --samples >= {max(ks)}")
+    device = resolve_device(args.device, "--device")
     torch.set_num_threads(args.threads)
-    model = load_model(model_dir)
+    model = load_model(model_dir, device=device)
     tokenizer = load_tokenizer(model_dir)
     with LocalSandbox(workers=2) as sandbox:
         if args.turns > 1 or any(t.env != "code" for t in tasks):
@@ -264,6 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="episodes: the format the model was trained with (env.chat_format)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda, cuda:1, mps")
     p.add_argument("--out", help="write the report as JSON here")
     p.set_defaults(fn=cmd_eval)
 

@@ -26,8 +26,9 @@ class RunSection(Section):
     """Seeds every random choice of the run (task sampling, generation, minibatch order)."""
     threads: int = 2
     """torch intra-op threads; resume-identical numbers need the same value as the original run."""
-    device: str = "cpu"
-    """torch device for the policy (`cpu`, `cuda`, `cuda:1`)."""
+    device: str = Field("auto", pattern=r"^(auto|cpu|mps|cuda(:\d+)?)$")
+    """torch device of the policy, reference and critic: `auto` (CUDA when present, else CPU), `cpu`, `cuda`,
+    `cuda:1`, `mps`. Rollout batches stay on the CPU; each minibatch moves to this device."""
 
 
 class ModelSection(Section):
@@ -187,7 +188,7 @@ class AlgoSection(Section):
     kl_target: float | None = None
     """Adaptive KL: steer kl_coef toward this KL per token (Ziegler et al.); None = fixed coefficient."""
     kl_horizon: int = 10000
-    """Adaptive KL horizon."""
+    """Adaptive KL horizon, in samples: a step of B samples moves kl_coef by at most 20% * B / horizon."""
     entropy_coef: float = 0.0
     """Weight of the entropy bonus."""
     max_grad_norm: float = 1.0

@@ -156,7 +156,7 @@ class RLTrainer:
                 self.kl.load_state_dict(state["kl"])
             if self.critic_optimizer is not None:
                 self.critic_optimizer.load_state_dict(torch.load(latest.path / "critic" / "optimizer.pt",
-                                                                 weights_only=False))
+                                                                 map_location="cpu", weights_only=False))
             self.start_step = latest.step
             log(f"resuming from {latest.path.name}")
 
@@ -228,9 +228,10 @@ class RLTrainer:
                 return metrics, []
             if self.ref is not None:
                 with timer("ref"), torch.no_grad():
-                    batch.ref_logprobs, _ = response_logprobs(
+                    ref_logprobs, _ = response_logprobs(
                         self.ref, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.attention,
                         temperature=ro.temperature)
+                    batch.ref_logprobs = ref_logprobs.cpu()  # the batch stays on the CPU (see RolloutBatch.to)
             token_rewards = batch.token_rewards
             kl_metrics = {}
             if self.ref is not None and algo.kl_mode == "reward":
@@ -241,7 +242,7 @@ class RLTrainer:
             if self.critic is not None:
                 with timer("values"), torch.no_grad():
                     batch.values = self.critic.values(batch.prompt_ids, batch.prompt_mask, batch.response_ids,
-                                                      batch.response_mask, batch.response_attention)
+                                                      batch.response_mask, batch.response_attention).cpu()
             with timer("adv"):
                 batch.advantages, batch.returns = self.estimator(
                     batch.rewards, batch.response_mask, batch.group_ids, values=batch.values,
@@ -274,7 +275,7 @@ class RLTrainer:
             if self.ref is not None:
                 observed = kl_metrics.get("actor/reward_kl", metrics.get("actor/kl_loss", 0.0))
                 metrics["actor/kl_coef"] = self.kl.coef
-                self.kl.update(observed)
+                self.kl.update(observed, n_steps=len(batch))  # samples in the step, as in Ziegler et al.
             metrics.update(kl_metrics)
             metrics.update((episode_metrics if self.episodic else rollout_metrics)(items, rewards, batch, truncated))
             metrics["actor/trained_fraction"] = len(train_batch) / len(batch)
@@ -367,8 +368,7 @@ class RLTrainer:
         """Snapshot the state now; the saver writes (and uploads) it while training goes on."""
         extra = None
         if self.critic is not None:
-            backbone = {k: v.detach().clone() for k, v in self.critic.backbone.state_dict().items()}
-            head = {k: v.detach().clone() for k, v in self.critic.head.state_dict().items()}
+            backbone, head = ckpt.cpu_copy(self.critic.backbone.state_dict()), ckpt.cpu_copy(self.critic.head.state_dict())
             optimizer = copy.deepcopy(self.critic_optimizer.state_dict())
             critic = self.critic
 

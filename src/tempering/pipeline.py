@@ -31,6 +31,7 @@ from tempering.models.loading import (
     load_model,
     load_tokenizer,
     num_parameters,
+    resolve_device,
     save_model,
 )
 from tempering.models.tokenizer import train_tokenizer
@@ -84,6 +85,7 @@ def prepare(cfg: RunConfig, console: Console | None = None) -> Workspace:
         raise ConfigError(f"run.dir '{run_dir}' exists and is not a directory")
     if cfg.model.path:
         check_model_dir(cfg.model.path)
+    cfg.run.device = resolve_device(cfg.run.device)
     if cfg.algo.ppo_epochs < 1 or cfg.algo.minibatches < 1 or cfg.rollout.group_size < 1:
         raise ConfigError("algo.ppo_epochs, algo.minibatches and rollout.group_size must be at least 1")
     train = load_tasks(cfg.data.train_file) if cfg.data.train_file else None

@@ -1,6 +1,8 @@
 """The reasoning-gym adapter."""
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 
@@ -53,3 +55,79 @@ def test_a_multi_line_answer_scores_in_full():
     env = make_env(task, EnvContext(max_turns=1))
     env.reset(task)
     assert env.step(str(task.answer)).rewards == {"correct": 1.0}
+
+
+# ------------------------------------------------------------------ verifiers run in the sandbox
+
+
+def one_task(name):
+    [task], _ = gym_tasks([name], 1, 0, seed=0, max_prompt_chars=100_000)
+    return task
+
+
+def crafted_answers(target):
+    """Answers to string_insertion, whose verifier runs `eval(answer)` on anything but the exact answer."""
+    return [
+        f"__import__('os').system('touch {target}')",
+        f"open('{target}', 'w').write('pwned')",
+        f"[c for c in open('{target}', 'w').write('pwned') or 'x']",
+        f"(lambda: 0).__globals__['__builtins__']['open']('{target}', 'w')",
+        f"(x for x in [1]).gi_frame.f_globals.get('os').system('touch {target}')",
+        # forge this answer's own result on the worker's result channel, then leave before the real one
+        "__import__('os').write(3, b'{\"i\": 0, \"ok\": true, \"value\": \"1.0\"}\\n{\"event\": \"done\"}\\n') "
+        "and __import__('os')._exit(0)",
+        "__import__('os').write(3, b'{\"i\": 0, \"ok\": true, \"value\": \"1.0\"}\\n')",
+    ]
+
+
+@pytest.mark.parametrize("isolation", ["auto", "process"])
+def test_a_crafted_answer_runs_nothing_on_the_host_and_scores_zero(isolation, tmp_path):
+    from tempering.envs.gym import verifier_pool
+
+    task = one_task("string_insertion")
+    pool = verifier_pool() if isolation == "auto" else verifier_pool(isolation, 1)  # auto: the shared default
+    targets = [tmp_path / "pwned", Path("/root") / f"pwned-{os.getpid()}", Path("/tmp") / f"pwned-{os.getpid()}"]
+    for target in targets:
+        for answer in crafted_answers(target):
+            assert score_gym_answer(task, answer, pool) == 0.0, answer
+            assert not target.exists(), answer
+    assert score_gym_answer(task, str(task.answer), pool) == 1.0  # the pool still scores normally
+
+
+def test_answers_score_as_their_verifier_says_in_the_sandbox():
+    from tempering.envs.gym import score_gym_answers
+
+    insertion, spiral = one_task("string_insertion"), one_task("spiral_matrix")
+    items = [(insertion, str(insertion.answer)), (insertion, str(list(str(insertion.answer)))),  # eval'd: 0.1
+             (spiral, str(spiral.answer)), (spiral, str(spiral.answer.split())), (spiral, "1 2 3")]
+    expected = [1.0, 0.1, 1.0, 0.1, 0.0]
+    for name in ["countdown", "simple_integration", "polynomial_multiplication", "arc_1d", "arc_agi",
+                 "game_of_life_halting", "basic_arithmetic"]:  # sympy's parse_expr, tuples from JSON, host-checked
+        task = one_task(name)
+        items += [(task, str(task.answer)), (task, "zzz")]
+        expected += [1.0, 0.01 if name == "countdown" else 0.0]  # countdown: format credit
+    assert score_gym_answers(items) == pytest.approx(expected)
+
+
+def test_a_verifier_result_counts_only_from_a_clean_execution():
+    from tempering.envs.gym import verified_score
+
+    ok = {"status": "ok", "flags": [], "calls": [{"i": 0, "ok": True, "value": "0.5"}]}
+    assert verified_score(ok) == 0.5
+    assert verified_score({**ok, "calls": [{"i": 0, "ok": True, "value": "7.0"}]}) == 1.0  # clipped
+    assert verified_score({**ok, "calls": [{"i": 0, "ok": True, "value": "nan"}]}) == 0.0
+    assert verified_score({**ok, "calls": [{"i": 0, "ok": True, "value": "[" * 100}]}) == 0.0
+    assert verified_score({**ok, "calls": [{"i": 0, "ok": False, "error": "ValueError"}]}) == 0.0
+    assert verified_score({**ok, "status": "timeout"}) == 0.0
+    assert verified_score({**ok, "status": "sandbox_error", "calls": None}) == 0.0
+    assert verified_score({**ok, "flags": ["exit_during_tests"]}) == 0.0
+    assert verified_score({**ok, "flags": ["file_outside_scratch"]}) == 0.5  # reading its package's data
+
+
+def test_workers_that_cannot_load_the_verifiers_are_refused_with_a_clear_error(monkeypatch):
+    import tempering.envs.gym as gym
+    from tempering.errors import SandboxError
+
+    monkeypatch.setattr(gym, "import_paths", lambda: (str(gym.VERIFIER_DIR),))  # reasoning-gym not importable
+    with pytest.raises(SandboxError, match="reasoning-gym verifiers must run in the sandbox.*reasoning_gym"):
+        gym.verifier_pool("process", 3)

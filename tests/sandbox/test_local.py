@@ -196,7 +196,7 @@ HELLO = {
     "c": '#include <stdio.h>\nint main(void) { printf("%d\\n", 6 * 7); return 0; }\n',
     "cpp": '#include <iostream>\nint main() { std::cout << 6 * 7 << std::endl; }\n',
     "javascript": "console.log(6 * 7)",
-    "bash": "echo $((6 * 7))",
+    "bash": "f=$(mktemp) && echo $((6 * 7)) > $f && cat $f",  # /tmp is writable, as programs expect
 }
 
 

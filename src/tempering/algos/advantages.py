@@ -43,11 +43,11 @@ def sequence_rewards(rewards: Tensor, response_mask: Tensor, token_rewards: Tens
 def last_token_rewards(rewards: Tensor, response_mask: Tensor, token_rewards: Tensor | None) -> Tensor:
     """Per-token rewards (B, T): `rewards` at each sequence's last response token, plus `token_rewards`.
     The mask may have gaps (a multi-turn episode's observation tokens): "last" is the last masked-in token."""
-    steps = torch.arange(1, response_mask.shape[1] + 1)
+    steps = torch.arange(1, response_mask.shape[1] + 1, device=response_mask.device)
     last = (response_mask * steps).argmax(-1)                       # (B,)
     out = torch.zeros_like(response_mask, dtype=rewards.dtype)
     has = response_mask.sum(-1) > 0
-    rows = torch.arange(len(rewards))[has]
+    rows = torch.arange(len(rewards), device=rewards.device)[has]
     out[rows, last[has]] = rewards[has]
     if token_rewards is not None:
         out = out + token_rewards * response_mask
@@ -58,7 +58,7 @@ def discounted_returns(token_rewards: Tensor, response_mask: Tensor, gamma: floa
     """Reward-to-go G_t = sum_{k>=t} gamma^(k-t) r_k over masked-in tokens (k counts only those: the reward
     flows across masked-out observation tokens unchanged). (B, T) -> (B, T)"""
     returns = torch.zeros_like(token_rewards)
-    running = torch.zeros(token_rewards.shape[0], dtype=token_rewards.dtype)
+    running = token_rewards.new_zeros(token_rewards.shape[0])
     for t in reversed(range(token_rewards.shape[1])):
         running = torch.where(response_mask[:, t] > 0, token_rewards[:, t] + gamma * running, running)
         returns[:, t] = running
@@ -149,8 +149,8 @@ def gae(rewards: Tensor, response_mask: Tensor, group_ids: Tensor, values: Tenso
     r = last_token_rewards(rewards, response_mask, token_rewards)
     values = values * response_mask
     adv = torch.zeros_like(r)
-    running = torch.zeros(r.shape[0], dtype=r.dtype)
-    next_value = torch.zeros(r.shape[0], dtype=r.dtype)
+    running = r.new_zeros(r.shape[0])
+    next_value = r.new_zeros(r.shape[0])
     for t in reversed(range(r.shape[1])):
         m = response_mask[:, t]
         delta = r[:, t] + gamma * next_value - values[:, t]

@@ -34,8 +34,11 @@ KL_ESTIMATORS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {"k1": kl_k1, "k2
 
 
 class KLController:
-    """The KL coefficient: fixed, or adaptive (Ziegler et al. 2019, arXiv 1909.08593) - after each step
-    with observed KL `kl`, coef *= 1 + clip(kl / target - 1, -0.2, 0.2) * n / horizon."""
+    """The KL coefficient: fixed, or adaptive (Ziegler et al. 2019, arXiv 1909.08593, eq. 2) - after each
+    step with observed KL `kl` over `n_steps` samples, coef *= 1 + clip(kl / target - 1, -0.2, 0.2) *
+    n_steps / horizon. `n_steps` counts samples, not optimizer steps (the paper's n_t is the batch size;
+    verl passes the number of responses): with horizon 10000 and 64 samples a step, the coefficient moves
+    by up to 0.13% a step, ~12% over 100 steps."""
 
     def __init__(self, coef: float, *, target: float | None = None, horizon: int = 10000):
         self.coef, self.target, self.horizon = float(coef), target, horizon
@@ -44,7 +47,8 @@ class KLController:
     def adaptive(self) -> bool:
         return self.target is not None
 
-    def update(self, kl: float, n_steps: int = 1) -> None:
+    def update(self, kl: float, *, n_steps: int) -> None:
+        """After a step of `n_steps` samples whose mean KL per token was `kl`."""
         if self.target is None:
             return
         error = min(max(kl / self.target - 1.0, -0.2), 0.2)

@@ -109,7 +109,7 @@ def vanilla_pg_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, 
     ratio = torch.exp(logprobs - old_logprobs)
     loss = aggregate(-advantages * ratio, mask, loss_agg, norm_length=norm_length)
     with torch.no_grad():
-        metrics = {"pg_clipfrac": torch.zeros(()), "ppo_kl": masked_mean(old_logprobs - logprobs, mask)}
+        metrics = {"pg_clipfrac": logprobs.new_zeros(()), "ppo_kl": masked_mean(old_logprobs - logprobs, mask)}
     return loss, metrics
 
 

@@ -18,6 +18,7 @@ from tempering.checkpoint.local import (
     Checkpoint,
     Snapshot,
     checkpoint_name,
+    cpu_copy,
     find_latest,
     prune,
     require,
@@ -33,7 +34,7 @@ from tempering.checkpoint.remote import RemoteStore, retained
 from tempering.checkpoint.saver import Saver, resume_point
 
 __all__ = [
-    "LATEST", "MANIFEST", "Checkpoint", "RemoteStore", "Saver", "Snapshot", "checkpoint_name", "find_latest",
+    "LATEST", "MANIFEST", "Checkpoint", "RemoteStore", "Saver", "Snapshot", "checkpoint_name", "cpu_copy", "find_latest",
     "prune", "require", "resume_point", "retained", "rng_state", "save_checkpoint", "set_rng_state", "snapshot",
     "verify", "write_manifest", "write_snapshot",
 ]

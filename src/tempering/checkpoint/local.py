@@ -84,6 +84,12 @@ def _write_atomic(path: Path, text: str) -> None:
 # --------------------------------------------------------------------------------------------- RNG
 
 
+def cpu_copy(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A detached copy of a state dict on the CPU: a save in flight holds no accelerator memory, and the
+    checkpoint loads on any machine."""
+    return {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
+
+
 def rng_state() -> dict[str, Any]:
     return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
 
@@ -111,8 +117,8 @@ class Checkpoint:
 
     def load_into(self, optimizer: torch.optim.Optimizer, scheduler: Any) -> dict[str, Any]:
         """Restore optimizer, scheduler and global RNG states; returns the trainer state."""
-        optimizer.load_state_dict(torch.load(self.path / "optimizer.pt", weights_only=False))
-        scheduler.load_state_dict(torch.load(self.path / "scheduler.pt", weights_only=False))
+        optimizer.load_state_dict(torch.load(self.path / "optimizer.pt", map_location="cpu", weights_only=False))
+        scheduler.load_state_dict(torch.load(self.path / "scheduler.pt", map_location="cpu", weights_only=False))
         set_rng_state(torch.load(self.path / "rng.pt", weights_only=False))
         return self.trainer_state()
 
@@ -140,7 +146,7 @@ def snapshot(step: int, *, model: torch.nn.Module, tokenizer: Any, optimizer: to
     from tempering import __version__
 
     return Snapshot(
-        step=step, model=model, model_state={k: v.detach().clone() for k, v in model.state_dict().items()},
+        step=step, model=model, model_state=cpu_copy(model.state_dict()),
         tokenizer=tokenizer, optimizer_state=copy.deepcopy(optimizer.state_dict()),
         scheduler_state=copy.deepcopy(scheduler.state_dict()), rng=rng_state(),
         trainer_state={"step": step, "tempering_version": __version__, **copy.deepcopy(trainer_state)},

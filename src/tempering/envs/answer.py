@@ -1,9 +1,10 @@
 """Answer matching: the model states a final answer, which is checked against the task's.
 
 Checkers: `exact` (numbers compare numerically, other answers as stripped, case-folded text) and
-`countdown` (an arithmetic expression that uses the given numbers, each at most once, and reaches the
-target). With `max_turns` > 1 a wrong answer is told so and the model may try again. Built-in task
-generators for both: arithmetic expressions and Countdown puzzles.
+`countdown` (an expression that uses each given number exactly once, only + - * and parentheses, and
+equals the target - what its prompt says, `COUNTDOWN_RULES`; model text is parsed, never evaluated,
+and at most MAX_EXPRESSION_CHARS of it). With `max_turns` > 1 a wrong answer is told so and the model may
+try again. Built-in task generators for both: arithmetic expressions and Countdown puzzles.
 """
 
 from __future__ import annotations
@@ -45,40 +46,51 @@ def answers_match(given: str, expected: object) -> bool:
     return given.strip().casefold() == str(expected).strip().casefold()
 
 
-_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
+MAX_EXPRESSION_CHARS = 200
+"""Longer Countdown answers are refused unparsed (a few numbers and operators fit in far less)."""
+_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
+COUNTDOWN_RULES = "use each number exactly once, with + - * and parentheses"
+"""What the Countdown prompt asks for, and what `check_countdown` accepts."""
 
 
-def evaluate_expression(text: str) -> tuple[float, list[int]]:
-    """Value of a + - * / expression of integer literals, and the literals it uses. ValueError otherwise."""
+def evaluate_expression(text: str) -> tuple[int, list[int]]:
+    """Value of an expression of integer literals joined by + - * (parentheses allowed), and the literals
+    it uses in order. ValueError for anything else: division, unary minus, names, calls, other numbers."""
+    if len(text) > MAX_EXPRESSION_CHARS:
+        raise ValueError(f"expression longer than {MAX_EXPRESSION_CHARS} characters")
     try:
         tree = ast.parse(text.strip(), mode="eval")
-    except SyntaxError:
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
         raise ValueError("not an arithmetic expression") from None
     used: list[int] = []
 
-    def ev(node: ast.AST) -> float:
+    def ev(node: ast.AST) -> int:
         if isinstance(node, ast.Constant) and type(node.value) is int:
             used.append(node.value)
             return node.value
         if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
-            left, right = ev(node.left), ev(node.right)
-            if isinstance(node.op, ast.Div) and right == 0:
-                raise ValueError("division by zero")
-            return _OPS[type(node.op)](left, right)
-        raise ValueError("only integers, + - * / and parentheses are allowed")
+            return _OPS[type(node.op)](ev(node.left), ev(node.right))
+        raise ValueError("only the given numbers, + - * and parentheses are allowed")
 
-    return ev(tree.body), used
+    try:
+        return ev(tree.body), used
+    except RecursionError:  # 200 characters nest far less deep; kept for callers with other limits
+        raise ValueError("expression nested too deeply") from None
 
 
 def check_countdown(expression: str, numbers: list[int], target: int) -> tuple[bool, str]:
+    """Whether `expression` reaches `target` using each of `numbers` exactly once (COUNTDOWN_RULES)."""
     try:
         value, used = evaluate_expression(expression)
     except ValueError as e:
         return False, str(e)
-    if Counter(used) - Counter(numbers):
-        return False, f"uses numbers not given: {sorted((Counter(used) - Counter(numbers)).elements())}"
-    if not math.isclose(value, target):
-        return False, f"{expression.strip()} = {value:g}, not {target}"
+    extra, missing = Counter(used) - Counter(numbers), Counter(numbers) - Counter(used)
+    if extra:
+        return False, f"uses numbers not given (or more often than given): {sorted(extra.elements())}"
+    if missing:
+        return False, f"does not use every number: {sorted(missing.elements())} left"
+    if value != target:
+        return False, f"{expression.strip()} = {value}, not {target}"
     return True, ""
 
 
@@ -127,7 +139,7 @@ def countdown_task(rng: random.Random, index: int) -> Task:
     expression = rng.choice([f"{a}+{b}+{c}", f"{a}*{b}+{c}", f"{a}*{b}-{c}", f"{a}+{b}*{c}", f"({a}+{b})*{c}"])
     target = eval(expression)  # noqa: S307 (our own digits)
     shown = rng.sample(numbers, 3)
-    prompt = f"Numbers: {' '.join(map(str, shown))}. Target: {target}. Use + - * and each number once.\nAnswer: "
+    prompt = f"Numbers: {' '.join(map(str, shown))}. Target: {target}. {COUNTDOWN_RULES.capitalize()}.\nAnswer: "
     return Task(id=f"countdown-{index}", domain="countdown", env="answer", prompt=prompt, answer=target,
                 reference_solution=expression, metadata={"checker": "countdown", "numbers": numbers, "target": target})
 

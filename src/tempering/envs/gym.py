@@ -10,21 +10,53 @@ match; a verifier that raises on a malformed answer scores 0. Not fixed: five ge
 (isomorphic_strings, knight_swap, polynomial_multiplication, ransom_note, word_ladder) iterate over sets of
 strings, so their tasks depend on PYTHONHASHSEED; a run directory keeps the tasks it generated
 (RUN_DIR/data), so its resumes see the same ones - set PYTHONHASHSEED for identical sets across runs.
+
+Verifiers run in the sandbox, never in this process: several evaluate the answer as Python (`eval` in
+string_insertion, spiral_matrix, binary_matrix, n_queens; sympy's `parse_expr` in countdown, puzzle24,
+the integration and polynomial tasks), so a crafted answer would otherwise run code on the host. A
+dedicated pool of sandbox workers (`verifier_pool`, started on the first gym score) imports reasoning-gym
+read-only once per worker (`sandboxed/tempering_gym_verifier.py`), and every answer is scored in a
+forked execution of its own, so one answer cannot change another's score. A verifier that crashes,
+times out, or whose execution tried something flagged (a process, a signal, the network, its result
+channel) scores 0; inside, only plain expressions may be compiled while a verifier runs, so an answer
+cannot forge its own score either. Only game_of_life_halting's exact match, written here, runs in this
+process.
 """
 
 from __future__ import annotations
 
-import functools
 import json
+import math
+import os
 import random
+import site
+import subprocess
+import sys
+import threading
+from pathlib import Path
 from typing import Any
 
 from tempering.envs.answer import AnswerEnv, answers_match
 from tempering.envs.base import register
+from tempering.errors import SandboxError
+from tempering.sandbox import ExecRequest, LocalSandbox, SandboxLimits
+from tempering.sandbox.local import default_python
 from tempering.types import Task
 
 EXCLUDED = {"composite"}
 """Datasets that are not task families."""
+HOST_CHECKED = {"game_of_life_halting"}
+"""Datasets whose own verifier is replaced by the exact match written here (run in this process)."""
+VERIFIER_DIR = Path(__file__).with_name("sandboxed")
+VERIFIER_MODULE = "tempering_gym_verifier"
+VERIFIER_CODE = f"from {VERIFIER_MODULE} import score\n"
+VERIFIER_LIMITS = SandboxLimits(timeout_s=5.0, cpu_s=5.0, memory_mb=1024, max_output_bytes=8192)
+"""Per answer (on top of the preloaded server's memory): a verifier is done in milliseconds; an answer
+that keeps sympy busy for longer (`9**9**9`) is a wrong answer."""
+MAX_ANSWER_CHARS = 100_000
+"""Longer answers score 0 without being verified."""
+TRUSTED_FLAGS = {"file_outside_scratch"}
+"""Flags a verifier raises by itself (reading its package's data); any other makes the score 0."""
 
 
 def _rg():
@@ -40,29 +72,96 @@ def gym_datasets() -> list[str]:
     return sorted(set(_rg().factory.DATASETS) - EXCLUDED)
 
 
-@functools.lru_cache(maxsize=512)
-def _scorer(name: str, config_json: str):
-    return _rg().create_dataset(name, seed=0, size=1, **json.loads(config_json)).score_answer
+# ------------------------------------------------------------------------------------- verifier pool
+
+_pools: dict[tuple[str, int], LocalSandbox] = {}
+_pools_lock = threading.Lock()
 
 
-def _restore(entry: dict[str, Any]) -> dict[str, Any]:
-    """Undo what a JSON round trip changed in an entry."""
-    meta = entry.get("metadata", {})
-    if isinstance(meta.get("output"), list) and meta.get("source_dataset") in ("arc_agi", "rearc"):
-        entry = {**entry, "metadata": {**meta, "output": tuple(map(tuple, meta["output"]))}}
-    return entry
+def verifier_pool(isolation: str = "auto", workers: int = 2) -> LocalSandbox:
+    """The process-wide pool that runs reasoning-gym's verifiers, started on first use (each worker
+    imports reasoning-gym once: ~2-4 s). Raises SandboxError when its workers cannot load the verifiers."""
+    key = (isolation, max(1, workers))
+    with _pools_lock:
+        if key not in _pools:
+            python, paths = verifier_python(), import_paths()
+            try:
+                _pools[key] = LocalSandbox(VERIFIER_LIMITS, workers=key[1], python=python, isolation=isolation,
+                                           python_path=paths, preload=(VERIFIER_MODULE,))
+            except SandboxError as e:
+                raise SandboxError(f"reasoning-gym verifiers must run in the sandbox, and its workers "
+                                   f"({python}) cannot load them from {list(paths)}: {e}") from None
+        return _pools[key]
 
 
-def score_gym_answer(task: Task, answer: str) -> float:
-    """The dataset's verifier on `answer`, in [0, 1]."""
-    name, entry = task.metadata["dataset"], _restore(task.metadata["entry"])
-    if name == "game_of_life_halting":
-        return float(answers_match(answer, entry["answer"]))
+def verifier_python() -> str:
+    """The sandbox's interpreter when it is this Python's version (reasoning-gym's compiled dependencies
+    were installed for this version), else this interpreter."""
+    python = default_python()
     try:
-        score = _scorer(name, json.dumps(task.metadata.get("config", {}), sort_keys=True))(answer, entry)
-    except Exception:  # noqa: BLE001 - a verifier crashing on a malformed answer is a wrong answer
+        out = subprocess.run([python, "-c", "import sys; print(*sys.version_info[:2])"], capture_output=True,
+                             text=True, timeout=20, env={}).stdout.split()
+    except (OSError, subprocess.TimeoutExpired):
+        out = []
+    return python if out == [str(v) for v in sys.version_info[:2]] else os.path.realpath(sys.executable)
+
+
+def import_paths() -> tuple[str, ...]:
+    """What the verifier workers import from: the verifier module's directory, reasoning-gym's install
+    directory and this environment's site-packages (reasoning-gym's dependencies)."""
+    paths = [VERIFIER_DIR, Path(_rg().__file__).resolve().parent.parent, *map(Path, site.getsitepackages())]
+    unique: list[str] = []
+    for path in paths:
+        if path.is_dir() and str(path) not in unique:
+            unique.append(str(path))
+    return tuple(unique)
+
+
+# ------------------------------------------------------------------------------------------ scoring
+
+
+def score_gym_answers(items: list[tuple[Task, str]], pool: LocalSandbox | None = None) -> list[float]:
+    """The dataset's verifier on each (task, answer), in [0, 1]; one sandboxed execution per answer, run
+    in parallel across the pool's workers (`pool`: default `verifier_pool()`)."""
+    scores: list[float] = [0.0] * len(items)
+    requests: list[ExecRequest] = []
+    slots: list[int] = []
+    for i, (task, answer) in enumerate(items):
+        name, entry = task.metadata["dataset"], task.metadata["entry"]
+        if name in HOST_CHECKED:
+            scores[i] = float(answers_match(answer, entry["answer"]))
+        elif len(answer) <= MAX_ANSWER_CHARS:
+            config = json.dumps(task.metadata.get("config") or {}, sort_keys=True)
+            requests.append(ExecRequest(code=VERIFIER_CODE, entry_point="score", calls=[[name, config, entry, answer]],
+                                        limits=VERIFIER_LIMITS))
+            slots.append(i)
+    if requests:
+        raw = (pool or verifier_pool()).execute_many(requests)
+        for i, response in zip(slots, raw):
+            scores[i] = verified_score(response)
+    return scores
+
+
+def verified_score(response: dict[str, Any]) -> float:
+    """The score in a verifier execution's response; 0 unless it ran cleanly to a plain number."""
+    calls = response.get("calls") or [None]
+    call = calls[0]
+    if response.get("status") != "ok" or set(response.get("flags") or ()) - TRUSTED_FLAGS:
         return 0.0
-    return float(score or 0.0)
+    if not isinstance(call, dict) or not call.get("ok") or not isinstance(call.get("value"), str):
+        return 0.0
+    if len(call["value"]) > 40:  # the repr of a float; never parsed beyond that
+        return 0.0
+    try:
+        value = float(call["value"])
+    except ValueError:
+        return 0.0
+    return min(max(value, 0.0), 1.0) if math.isfinite(value) else 0.0
+
+
+def score_gym_answer(task: Task, answer: str, pool: LocalSandbox | None = None) -> float:
+    """The dataset's verifier on `answer`, in [0, 1] (see `score_gym_answers`)."""
+    return score_gym_answers([(task, answer)], pool)[0]
 
 
 @register
@@ -72,7 +171,9 @@ class GymEnv(AnswerEnv):
     kind = "reasoning_gym"
 
     def judge(self, answer: str) -> tuple[float, str]:
-        return score_gym_answer(self.task, answer), "incorrect"
+        local = self.ctx.sandbox if isinstance(self.ctx.sandbox, LocalSandbox) else None
+        pool = verifier_pool(local.backend, local.size) if local is not None else None
+        return score_gym_answer(self.task, answer, pool), "incorrect"
 
 
 def gym_tasks(datasets: list[str] | None, per_domain_train: int, per_domain_heldout: int, seed: int,

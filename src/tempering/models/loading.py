@@ -12,9 +12,25 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-from tempering.errors import ModelLoadError
+from tempering.errors import ConfigError, ModelLoadError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def resolve_device(name: str, key: str = "run.device") -> str:
+    """`auto` -> `cuda` when a CUDA device is present, else `cpu`; a named CUDA device must exist.
+    Raises ConfigError naming `key` (before any work starts) rather than failing inside the first forward."""
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda"):
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        index = int(name.partition(":")[2] or 0)
+        if index >= count:
+            have = f"{count} CUDA device(s)" if count else "no CUDA device (is this a CPU build of torch?)"
+            raise ConfigError(f"{key}={name} but this machine has {have}; use {key}=auto or cpu")
+    if name == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError(f"{key}=mps but MPS is not available here; use {key}=auto or cpu")
+    return name
 
 
 def check_model_dir(path: str | Path) -> Path:

@@ -36,11 +36,16 @@ def always_equal(task: Task, traj: Trajectory) -> bool:
 
 
 _WARNINGS = threading.Lock()
+MAX_PARSE_CHARS = 1 << 20
+"""Model code longer than this is not parsed here (it does not "parse" for the rewards): parsing is the
+one thing the trainer does with a program's text, and its cost grows with the text."""
 
 
 def parse_quietly(code: str) -> ast.Module | None:
     """`ast.parse` without the SyntaxWarnings model text is full of (`1if`), or None if it does not parse.
     `catch_warnings` swaps process-wide state, so environments stepping in threads take turns."""
+    if len(code) > MAX_PARSE_CHARS:
+        return None
     try:
         with _WARNINGS, warnings.catch_warnings():
             warnings.simplefilter("ignore", SyntaxWarning)

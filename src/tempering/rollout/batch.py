@@ -39,6 +39,12 @@ class RolloutBatch:
         picked = {f.name: getattr(self, f.name) for f in fields(self)}
         return replace(self, **{k: (v[index] if isinstance(v, Tensor) else v) for k, v in picked.items()})
 
+    def to(self, device: torch.device | str) -> RolloutBatch:
+        """Every tensor on `device` (a no-op copy-free view when it is already there). The batch is built
+        and kept on the CPU; the trainer moves each minibatch to the model's device."""
+        return replace(self, **{f.name: v.to(device) for f in fields(self)
+                                if isinstance(v := getattr(self, f.name), Tensor)})
+
     def trim(self) -> RolloutBatch:
         """Drop prompt columns that are padding in every row (left) and response columns likewise (right)."""
         p = int((self.prompt_mask.sum(0) > 0).long().argmax()) if self.prompt_mask.any() else 0

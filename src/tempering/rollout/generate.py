@@ -87,8 +87,19 @@ def generate(
     return parts[0] if len(parts) == 1 else _concat(parts, tokenizer.pad_token_id)
 
 
+def generator_on(device: torch.device, generator: torch.Generator | None) -> torch.Generator | None:
+    """A generator that can draw on `device`: `generator` itself when it lives there, else a new one on the
+    device seeded from it (so callers keep passing one CPU generator per purpose whatever the device, and a
+    run stays repeatable; sampling on a GPU draws different numbers than on the CPU)."""
+    if generator is None or generator.device.type == device.type:
+        return generator
+    seed = int(torch.randint(0, 2**62, (1,), generator=generator))
+    return torch.Generator(device=device).manual_seed(seed)
+
+
 def _generate_chunk(model, tokenizer, prompts, max_new_tokens, temperature, top_p, greedy, generator):
     device = next(model.parameters()).device
+    generator = generator_on(device, generator)
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
     was_training = model.training
     model.eval()

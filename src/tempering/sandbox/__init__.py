@@ -35,9 +35,33 @@ not delegated here). Without root, a second uid cannot be mapped: programs share
 worker replaced), the scratch has no inode cap and nested user namespaces are allowed. Without
 bubblewrap (`isolation=process`, or where it cannot start) network, filesystem and PID isolation are
 off: the program runs on the host's filesystem and network (as root: under its own uid, with the
-scratch on a capped tmpfs; without root: as the host user, whose processes it can then signal). The
-host side of the sandbox parses what a program returns only with `ast.literal_eval` (bounded by the
-output caps), never `eval`. `tempering sandbox doctor` prints which protections are active here.
+scratch on a capped tmpfs; without root: as the host user, whose processes it can then signal). `tempering
+sandbox doctor` prints which protections are active here.
+
+Model text on the host - every place where text the policy wrote reaches Python in the trainer process,
+and why it stays inert there (tests in tests/envs, tests/sandbox/test_parse_value.py, tests/test_rewards.py):
+- programs: run only here, in a worker. The trainer parses them with `ast.parse` (format reward, the
+  hard-coding guard: `rewards/guards.parse_quietly`, at most 1 MiB, every error caught) and ruff reads
+  them as files (code-style reward; a separate process that only parses);
+- values a program returned: `parse_value`, `ast.literal_eval` of at most 4 MiB (what a worker can send),
+  so plain literals only; nesting beyond the parser's limits is a ValueError, never code;
+- answers (`envs/answer.py`): numbers via `float`, text compared as text; Countdown expressions are
+  parsed (at most 200 characters) and walked over integer literals and + - * only, never evaluated;
+- tool calls (`envs/tools.py`): `json.loads` (too deep = a malformed call), `jsonschema` validation, the
+  calculator walks the AST of at most 200 characters with capped exponents and magnitudes;
+- reasoning-gym answers (`envs/gym.py`): several of its verifiers `eval` the answer (string_insertion,
+  spiral_matrix, binary_matrix, n_queens) or evaluate it with sympy's `parse_expr` (countdown, puzzle24,
+  integration, polynomial tasks), so every verifier runs in a sandbox pool of its own (`python_path` and
+  `preload` below), one execution per answer, and a result counts only from a clean execution. Only
+  game_of_life_halting's exact match, written by tempering, runs in the trainer;
+- user hooks named in the config (`reward.step_fn`, `pkg.mod:fn` rewards, estimators, losses) are the
+  user's own code and get the model's text in-process: they are trusted like the config itself.
+Not model text, but read with the trust of code: configs (`yaml.safe_load`) and checkpoints (optimizer,
+scheduler and RNG state are pickles, `torch.load(weights_only=False)`: load only checkpoints you wrote).
+
+A pool may make a package importable to its workers: `LocalSandbox(python_path=(...), preload=(...))`
+binds the directories read-only at the same path (bubblewrap) and puts them first on sys.path; each fork
+server imports the `preload` modules once before it forks, so executions find them loaded.
 """
 
 from __future__ import annotations

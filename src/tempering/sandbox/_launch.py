@@ -51,7 +51,7 @@ def main():
     if os.getresuid() != (0, 0, 0):
         fail("could not become the namespace's server uid")
     check(libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "cannot make mounts private")
-    options = f"size={int(config['scratch_mb'])}m,nr_inodes={int(config['scratch_inodes'])},mode=0755"
+    options = f"size={int(config['scratch_mb'])}m,nr_inodes={int(config['scratch_inodes'])},mode=1777"
     check(libc.mount(b"tmpfs", config["scratch"].encode(), b"tmpfs", MS_NOSUID | MS_NODEV, options.encode()),
           f"cannot mount the scratch tmpfs on {config['scratch']}")
     try:

@@ -21,6 +21,9 @@ Per execution:
   and the compiler switch to it, which drops every capability: nothing they do reaches this server or
   the checker. After each execution the server compares its own rlimits with those it started with and
   reports any change (`worker_damaged`): the host then replaces the worker.
+
+With `path` and `preload` in its config, the server puts the paths first on sys.path and imports the
+modules once before serving (`prepare`), so a verifier's package is loaded per worker, not per execution.
 """
 # ruff: noqa: I001  (the second import block, preloaded for solutions, is grouped on purpose)
 
@@ -839,6 +842,33 @@ def collect(req, pid, start, out_r, err_r, res_r, checker=None):
     }
 
 
+def prepare(setup, scratch_root):
+    """Extra import paths first on sys.path, then the modules to preload, imported once here so that every
+    forked execution finds them loaded (e.g. a verifier's package). While they import, math libraries are
+    held to one thread (this process forks: a thread pool would not survive into its children) and
+    temporary files go to the scratch area; then the environment is emptied again."""
+    sys.path[:0] = setup.get("path") or []
+    saved = dict(os.environ)
+    os.environ.update({"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+                       "TMPDIR": scratch_root})
+    saved_tempdir, tempfile.tempdir = tempfile.tempdir, scratch_root
+    protocol = os.dup(1)
+    os.dup2(2, 1)  # what an import prints must not land in the protocol pipe
+    for name in setup.get("preload") or []:
+        try:
+            __import__(name)
+        except BaseException as e:
+            sys.stderr.write(f"cannot preload module '{name}' (sys.path {sys.path}): {type(e).__name__}: {e}\n")
+            sys.stderr.flush()
+            os._exit(3)
+    flush()
+    os.dup2(protocol, 1)
+    os.close(protocol)
+    os.environ.clear()
+    os.environ.update(saved)
+    tempfile.tempdir = saved_tempdir
+
+
 def read_int(path):
     try:
         with open(path) as f:
@@ -856,6 +886,8 @@ def main():
     scratch_root = config.get("scratch") or tempfile.mkdtemp(prefix="tempering-sbx-")
     program_id = config.get("program_id")
     os.makedirs(scratch_root, exist_ok=True)
+    if config.get("path") or config.get("preload"):
+        prepare(config, scratch_root)
     server = Server(scratch_root, program_id)
     write_msg(1, {"ready": True, "pid1": server.pid1, "uid": os.getuid(), "program_uid": program_id,
                   "max_user_namespaces": read_int("/proc/sys/user/max_user_namespaces")})

@@ -2,7 +2,10 @@
 
 A worker is one long-lived fork server (`_worker.py`). Under bubblewrap it is PID 1 of fresh PID, network,
 IPC, UTS and cgroup namespaces, with a read-only view of /usr (and nothing else of the host's
-filesystem), a size- and inode-limited tmpfs for scratch, and it dies with its parent.
+filesystem), a size- and inode-limited tmpfs for scratch, and it dies with its parent. A pool may add
+read-only import paths (`python_path`, bound at the same path inside and put first on the worker's
+sys.path) and modules the fork server imports once before it forks (`preload`): what a verifier running
+in the sandbox needs, e.g. reasoning-gym's (`envs/gym.py`).
 
 Two uids per worker (`uid_split`, where the host is root and user namespaces work): the launcher
 (`_launch.py`) enters a user namespace in which uid 0 is the worker's *server* uid on the host and uid 1
@@ -79,11 +82,16 @@ class Isolation:
     why_not_bwrap: str | None = None
     uid_split: bool = False      # programs run under a uid other than their server's (see module doc)
     why_not_split: str | None = None
+    python_path: tuple[str, ...] = ()
+    """Directories bound read-only (same path) into the container and put first on the worker's sys.path."""
+    preload: tuple[str, ...] = ()
+    """Modules the fork server imports once, before it forks any execution."""
 
     def worker_config(self) -> dict:
         """What the fork server is told on its command line (`_worker.main`)."""
         return {"scratch": SCRATCH if self.uid_split or self.backend == "bwrap" else None,  # None: a temp dir
-                "program_id": PROGRAM_ID if self.uid_split else None}
+                "program_id": PROGRAM_ID if self.uid_split else None,
+                "path": list(self.python_path), "preload": list(self.preload)}
 
     def worker_argv(self, boot_fd: int) -> list[str]:
         """The fork server's own command line; its source comes on the inherited pipe `boot_fd`
@@ -94,7 +102,7 @@ class Isolation:
         """argv and Popen keyword arguments that run `inner` as a worker with the uids `ids`."""
         bw = self.backend == "bwrap"
         if bw:
-            inner = [self.bwrap, *bwrap_args(self.scratch_mb, split=self.uid_split), "--", *inner]
+            inner = [self.bwrap, *bwrap_args(self.scratch_mb, self.python_path, split=self.uid_split), "--", *inner]
         if self.uid_split:  # started as root: the launcher maps the uids, see _launch.py
             config = {"scratch": SCRATCH, "scratch_mb": self.scratch_mb, "scratch_inodes": self.scratch_inodes,
                       "argv": inner, "env": WORKER_ENV, "die_with_parent": not bw,
@@ -139,6 +147,7 @@ class Isolation:
             Protection("network isolation", bw, "new network namespace (no interfaces but its own loopback)"
                        if bw else off),
             Protection("filesystem isolation", bw, "only /usr is visible, read-only; root and /dev read-only"
+                       + (f"; {len(self.python_path)} import path(s) read-only" if self.python_path else "")
                        if bw else off + " (the program sees the host's filesystem with its uid's rights)"),
             Protection("scratch size and inode cap", split, scratch),
             Protection("program uid != server uid", split,
@@ -179,7 +188,7 @@ class Isolation:
         ]
 
 
-def bwrap_args(scratch_mb: int, *, split: bool = False) -> list[str]:
+def bwrap_args(scratch_mb: int, ro_paths: tuple[str, ...] = (), *, split: bool = False) -> list[str]:
     """bubblewrap's options. `split`: bwrap runs as root of the launcher's user namespace and must not make
     another one (which would map a single uid); the scratch tmpfs is the launcher's, bound in."""
     if split:
@@ -196,9 +205,16 @@ def bwrap_args(scratch_mb: int, *, split: bool = False) -> list[str]:
             args += ["--symlink", os.readlink(path), str(path)]
         elif path.is_dir():
             args += ["--ro-bind", str(path), str(path)]
-    args += ["--perms", "0755", "--dir", "/etc"]  # else created 0700: closed to a program of another uid
-    for etc in ("/etc/ld.so.cache", "/etc/alternatives", "/etc/localtime"):
-        args += ["--ro-bind-try", etc, etc]
+    etc = ("/etc/ld.so.cache", "/etc/alternatives", "/etc/localtime")
+    # The directories bubblewrap creates on the way to a bind are 0700, closed to a program of another uid
+    # than the server's (a lazy import from a read-only path would fail): create them 0755 first.
+    parents = sorted({str(p) for path in (*etc, *ro_paths) for p in Path(path).parents if str(p) != "/"})
+    for parent in parents:
+        args += ["--perms", "0755", "--dir", parent]
+    for path in etc:
+        args += ["--ro-bind-try", path, path]
+    for path in ro_paths:  # e.g. a venv's site-packages, for a preloaded verifier
+        args += ["--ro-bind", path, path]
     args += ["--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev"]
     if split:
         args += ["--bind", SCRATCH, SCRATCH]

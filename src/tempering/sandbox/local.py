@@ -34,6 +34,7 @@ LANGUAGES = ("python", "bash", "javascript", "c", "cpp")
 # declaring it hung.
 WORKER_GRACE_S = 5.0
 WORKER_START_TIMEOUT_S = 20.0
+PRELOAD_START_TIMEOUT_S = 120.0  # a worker that preloads a large package (reasoning-gym: ~3 s idle)
 WORKER_SOURCE = WORKER_SCRIPT.read_bytes()
 
 
@@ -115,7 +116,8 @@ class _Worker:
         except BrokenPipeError:
             pass  # the worker died at once; _receive below reports it with its stderr
         try:
-            self.info = self._receive(time.monotonic() + WORKER_START_TIMEOUT_S)
+            wait = PRELOAD_START_TIMEOUT_S if isolation.preload else WORKER_START_TIMEOUT_S
+            self.info = self._receive(time.monotonic() + wait)
         except SandboxError as e:
             self.errors.seek(0)
             detail = self.errors.read().decode(errors="replace").strip()[-500:]
@@ -278,12 +280,22 @@ class LocalSandbox(Sandbox):
     """
 
     def __init__(self, limits: SandboxLimits | None = None, *, workers: int = 2, python: str | None = None,
-                 isolation: str = "auto", scratch_mb: int = 64, scratch_inodes: int = 8192):
+                 isolation: str = "auto", scratch_mb: int = 64, scratch_inodes: int = 8192,
+                 python_path: tuple[str, ...] = (), preload: tuple[str, ...] = ()):
+        """`python_path`: directories bound read-only into each worker and put first on its sys.path;
+        `preload`: modules each worker imports once before forking executions (see `_worker.prepare`)."""
         self.limits = limits or SandboxLimits()
         self.python = python or default_python()
         if not os.access(self.python, os.X_OK):
             raise SandboxError(f"sandbox interpreter '{self.python}' not found")
-        self.isolation = resolve(isolation, self.python, scratch_mb, scratch_inodes)
+        self.isolation = replace(resolve(isolation, self.python, scratch_mb, scratch_inodes),
+                                 python_path=tuple(python_path), preload=tuple(preload))
+        for path in python_path:
+            if not (os.path.isabs(path) and os.path.isdir(path)):
+                raise SandboxError(f"sandbox import path '{path}' is not an absolute path to a directory")
+            if (self.backend == "bwrap" or self.isolation.uid_split) and os.path.commonpath([path, "/tmp"]) == "/tmp":
+                raise SandboxError(f"sandbox import path '{path}' is under /tmp, which each worker replaces with its "
+                                   "own scratch area")
         self.size = max(1, workers)
         self._spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sandbox-spawn")
         self._idle: queue.Queue[_Worker] = queue.Queue()
@@ -467,8 +479,14 @@ def _grade_call(i: int, test: TestCase, call: dict[str, Any] | None, result: Exe
     return TestResult(name, False, f"f({args}) returned {_short(call['value'])}, expected {test.output!r}")
 
 
+MAX_VALUE_CHARS = 4 << 20  # the worker's cap on all results of an execution (`_worker.RESULT_CAP`)
+
+
 def parse_value(text: str) -> Any:
-    """The value a program returned, from its repr, as plain data (never executes anything)."""
+    """The value a program returned, from its repr, as plain data (never executes anything). Bounded:
+    longer text, nesting past the parser's limits and malformed text are all a ValueError."""
+    if len(text) > MAX_VALUE_CHARS:
+        raise ValueError(f"a returned value of {len(text)} characters (limit {MAX_VALUE_CHARS})")
     try:
         return ast.literal_eval(text)
     except (ValueError, SyntaxError, MemoryError, RecursionError, TypeError):

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from tempering.algos.losses import clipped_value_loss
-from tempering.training.forward import response_hidden_states
+from tempering.training.forward import model_device, response_hidden_states
 
 HEAD_FILE = "value_head.pt"
 
@@ -50,7 +50,7 @@ class Critic(nn.Module):
         """V(s_t) before each policy token t (0 elsewhere). -> (B, R)"""
         attention = response_mask if response_attention is None else response_attention
         hidden = response_hidden_states(self.backbone, prompt_ids, prompt_mask, response_ids, attention)
-        return self.head(hidden.float()).squeeze(-1) * response_mask
+        return self.head(hidden.float()).squeeze(-1) * response_mask.to(hidden.device)
 
 
 def update_critic(critic: Critic, optimizer: torch.optim.Optimizer, batch, *, generator: torch.Generator,
@@ -59,11 +59,12 @@ def update_critic(critic: Critic, optimizer: torch.optim.Optimizer, batch, *, ge
     """Regress V on the GAE returns: `epochs` x `minibatches` optimizer steps. -> mean metrics."""
     assert batch.returns is not None and batch.values is not None
     critic.train()
+    device = model_device(critic)
     sums: dict[str, float] = {}
     n = 0
     for _ in range(epochs):
         for index in torch.randperm(len(batch), generator=generator).chunk(minibatches):
-            mb = batch.select(index).trim()
+            mb = batch.select(index).trim().to(device)
             values = critic.values(mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask,
                                    mb.response_attention)
             loss, metrics = clipped_value_loss(values, mb.values, mb.returns, mb.response_mask, clip_range=clip_range)

@@ -15,9 +15,19 @@ from torch import Tensor
 def distinct_rows(ids: Tensor) -> tuple[Tensor, Tensor]:
     """ids (B, P) -> (index of one representative per distinct row (U,), inverse (B,) into it)."""
     _, inverse = torch.unique(ids, dim=0, return_inverse=True)
-    first = torch.full((int(inverse.max()) + 1,), ids.shape[0], dtype=torch.long)
-    first.scatter_reduce_(0, inverse, torch.arange(ids.shape[0]), reduce="amin")
+    first = torch.full((int(inverse.max()) + 1,), ids.shape[0], dtype=torch.long, device=ids.device)
+    first.scatter_reduce_(0, inverse, torch.arange(ids.shape[0], device=ids.device), reduce="amin")
     return first, inverse
+
+
+def model_device(model) -> torch.device:
+    return next(model.parameters()).device
+
+
+def on_device(model, *tensors: Tensor) -> tuple[Tensor, ...]:
+    """`tensors` moved to the model's device (no copy when they are there already)."""
+    device = model_device(model)
+    return tuple(t.to(device) for t in tensors)
 
 
 def response_logprobs(
@@ -36,8 +46,10 @@ def response_logprobs(
     prompt_ids (B, P) left-padded, response_ids (B, R) right-padded -> logprobs (B, R), entropy (B, R) or None.
     `response_attention` (B, R) marks the tokens present (in a multi-turn episode also the observations,
     which the loss then masks out). Logits are divided by the sampling temperature, so these match the
-    sampler's log-probs.
+    sampler's log-probs. Inputs may live anywhere; outputs are on the model's device.
     """
+    prompt_ids, prompt_mask, response_ids, response_attention = on_device(
+        model, prompt_ids, prompt_mask, response_ids, response_attention)
     r = response_ids.shape[1]
     first, inverse = distinct_rows(prompt_ids) if share_prompts else (None, None)
     if first is None or len(first) == len(prompt_ids) or r == 0:
@@ -57,6 +69,8 @@ def response_hidden_states(model, prompt_ids: Tensor, prompt_mask: Tensor, respo
                            response_attention: Tensor, *, share_prompts: bool = True) -> Tensor:
     """Last hidden state of a decoder backbone (`AutoModel`, no LM head) at the R positions that predict
     the response tokens - the state before each token, which is what a critic's value head reads. (B, R, H)"""
+    prompt_ids, prompt_mask, response_ids, response_attention = on_device(
+        model, prompt_ids, prompt_mask, response_ids, response_attention)
     first, inverse = distinct_rows(prompt_ids) if share_prompts else (None, None)
     if first is None or len(first) == len(prompt_ids) or response_ids.shape[1] == 0:
         return _full_logits(model, prompt_ids, prompt_mask, response_ids, response_attention, "last_hidden_state")

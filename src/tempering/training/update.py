@@ -9,7 +9,7 @@ import torch
 from tempering.algos import KL_ESTIMATORS, masked_mean
 from tempering.algos.losses import PolicyLoss
 from tempering.rollout.batch import RolloutBatch
-from tempering.training.forward import response_logprobs
+from tempering.training.forward import model_device, response_logprobs
 
 
 def update_policy(
@@ -36,12 +36,13 @@ def update_policy(
     """Run `ppo_epochs` x `minibatches` optimizer steps; returns the mean of each metric over them."""
     assert batch.advantages is not None, "compute advantages before the update"
     model.train()
+    device = model_device(model)
     sums: dict[str, float] = defaultdict(float)
     n_steps = 0
     for _ in range(ppo_epochs):
         order = torch.randperm(len(batch), generator=generator)
         for index in order.chunk(minibatches):
-            mb = batch.select(index).trim()
+            mb = batch.select(index).trim().to(device)
             mask = mb.response_mask
             logprobs, entropy = response_logprobs(
                 model, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.attention,

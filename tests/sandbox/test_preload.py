@@ -1,0 +1,76 @@
+"""A pool's read-only import paths (`python_path`) and modules preloaded by its fork servers (`preload`)."""
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from tempering.errors import SandboxError
+from tempering.sandbox import ExecRequest, LocalSandbox, SandboxLimits
+
+BACKENDS = ["bwrap", "process"] if shutil.which("bwrap") else ["process"]
+MODULE = """\
+import os
+import sys
+LOADED_IN = os.getpid()
+print("printed while preloading")  # must not reach the worker's protocol pipe
+"""
+
+
+@pytest.fixture(scope="module")
+def lib_dir():
+    # Not under /tmp: each bubblewrap worker has its own /tmp. World-readable, writable only by root.
+    path = Path(tempfile.mkdtemp(prefix="tempering-preload-", dir="/var/tmp"))
+    path.chmod(0o755)
+    (path / "preloaded_fixture.py").write_text(MODULE)
+    (path / "broken_fixture.py").write_text("raise ImportError('this module is broken')\n")
+    yield path
+    shutil.rmtree(path)
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def sb(request, lib_dir):
+    with LocalSandbox(SandboxLimits(timeout_s=5.0, cpu_s=5.0), workers=1, isolation=request.param,
+                      python_path=(str(lib_dir),), preload=("preloaded_fixture",)) as sandbox:
+        yield sandbox
+
+
+def call(sb, code, *args):
+    raw = sb.execute(ExecRequest(code=code, entry_point="f", calls=[list(args)], limits=sb.limits))
+    assert raw["status"] == "ok", raw
+    return raw["calls"][0]
+
+
+def test_a_preloaded_module_is_imported_once_by_the_server_not_by_each_execution(sb):
+    code = "import os, preloaded_fixture\ndef f():\n    return [preloaded_fixture.LOADED_IN, os.getpid()]\n"
+    first = eval(call(sb, code)["value"])  # noqa: S307 - a list of two ints, from our own test program
+    second = eval(call(sb, code)["value"])  # noqa: S307
+    assert first[0] == second[0]  # the server's pid: loaded before the fork
+    assert first[1] != first[0] and second[1] != first[0]
+
+
+def test_the_import_path_is_read_only_inside(sb, lib_dir):
+    code = ("def f(path):\n    try:\n        open(path + '/planted.py', 'w').write('x')\n"
+            "    except OSError as e:\n        return type(e).__name__\n    return 'written'\n")
+    assert call(sb, code, str(lib_dir))["value"] != "'written'"
+    assert sorted(os.listdir(lib_dir)) == ["broken_fixture.py", "preloaded_fixture.py"]
+
+
+def test_without_the_options_the_module_is_not_importable(lib_dir):
+    with LocalSandbox(workers=1, isolation=BACKENDS[0]) as plain:
+        r = plain.run("import preloaded_fixture")
+    assert r.status == "runtime_error" and "ModuleNotFoundError" in r.stderr
+
+
+def test_a_module_that_fails_to_preload_is_named(lib_dir):
+    with pytest.raises(SandboxError, match="cannot preload module 'broken_fixture'.*this module is broken"):
+        LocalSandbox(workers=1, isolation=BACKENDS[0], python_path=(str(lib_dir),), preload=("broken_fixture",))
+
+
+def test_an_import_path_must_be_an_absolute_directory(lib_dir):
+    with pytest.raises(SandboxError, match="not an absolute path"):
+        LocalSandbox(workers=1, isolation="process", python_path=("relative/dir",))
+    with pytest.raises(SandboxError, match="not an absolute path"):
+        LocalSandbox(workers=1, isolation="process", python_path=(str(lib_dir / "missing"),))
