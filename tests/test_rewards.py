@@ -6,9 +6,13 @@ import types
 
 import pytest
 
-from tempering.rewards import RewardFunction, step_texts
-from tempering.rollout.code import execute, lint_findings
-from tempering.types import Task, TestCase, Trajectory
+from tempering.envs import EnvContext
+from tempering.envs.code import CodeEnv
+from tempering.rewards import RewardFunction, final_attempt, step_texts
+from tempering.rewards.lint import lint_findings
+from tempering.rollout.chat import Conversation
+from tempering.rollout.episodes import Episode
+from tempering.types import Task, TestCase, Turn
 
 
 def task(**kw):
@@ -20,10 +24,23 @@ def task(**kw):
     return Task(**base)
 
 
+def episodes(sandbox, t, completions, fn: RewardFunction, tokens=10):
+    """One-turn code episodes of `completions`, stepped together as the rollout driver steps them."""
+    ctx = EnvContext(sandbox, options={"needs": fn.needs, "guards": fn.guards, "guard_kinds": fn.guard_kinds})
+    envs = [CodeEnv(ctx) for _ in completions]
+    for env in envs:
+        env.reset(t)
+    out = []
+    for env, completion, step in zip(envs, completions, CodeEnv.step_batch(envs, completions)):
+        e = Episode(t, 0, env, [], Conversation())
+        e.turns.append(Turn(completion, None, step.rewards, step.info, ended=True, tokens=tokens))
+        out.append(e)
+    return out
+
+
 def run(sandbox, t, completion, fn: RewardFunction, tokens=10):
-    traj = Trajectory(task=t, group_id=0, completion=completion, truncated=False, response_tokens=tokens)
-    execute([traj], sandbox, fn.needs, {})
-    return traj, fn.batch([traj])[0]
+    [e] = episodes(sandbox, t, [completion], fn, tokens)
+    return final_attempt(e), fn.score([e])[0]
 
 
 def test_outcome_with_edge_weight_and_edge_cases(sandbox):
@@ -53,12 +70,12 @@ def test_efficiency_compares_cpu_time_with_the_reference(sandbox):
     assert wrong.components["efficiency"] == 0.0
 
 
-def test_overlong_shaping():
+def test_overlong_shaping(sandbox):
     fn = RewardFunction({"overlong": 1.0}, params={"overlong": {"max_tokens": 48, "cache_tokens": 8}})
     t = task()
     for tokens, want in [(30, 0.0), (40, 0.0), (44, -0.5), (48, -1.0)]:
-        traj = Trajectory(task=t, group_id=0, completion="", truncated=False, response_tokens=tokens)
-        assert fn.batch([traj])[0].components["overlong"] == pytest.approx(want)
+        _, r = run(sandbox, t, "    return x * x\n", fn, tokens=tokens)
+        assert r.components["overlong"] == pytest.approx(want)
 
 
 def test_trl_style_reward_function(sandbox, monkeypatch):
@@ -71,9 +88,7 @@ def test_trl_style_reward_function(sandbox, monkeypatch):
     module.length_bonus = length_bonus
     monkeypatch.setitem(sys.modules, "user_rewards", module)
     fn = RewardFunction({"tests": 1.0, "trl:user_rewards:length_bonus": 2.0})
-    trajs = [Trajectory(task=task(), group_id=0, completion=c, truncated=False) for c in ("    return x*x\n", "x")]
-    execute(trajs, sandbox)
-    a, b = fn.batch(trajs)
+    a, b = fn.score(episodes(sandbox, task(), ["    return x*x\n", "x"], fn))
     assert a.components["trl:user_rewards:length_bonus"] == pytest.approx(0.15)
     assert a.score == pytest.approx(1.0 + 0.3)
     assert b.components["trl:user_rewards:length_bonus"] == 0.0
@@ -85,7 +100,7 @@ def test_step_reward_hook_scores_each_line(sandbox, monkeypatch):
     monkeypatch.setitem(sys.modules, "user_prm", module)
     fn = RewardFunction({"tests": 1.0}, step_fn="user_prm:prm")
     traj, r = run(sandbox, task(), "    y = x * x\n    return y\n", fn)
-    assert step_texts(traj) == ["    y = x * x\n", "    return y\n"]
+    assert step_texts(traj.completion) == ["    y = x * x\n", "    return y\n"]
     assert r.info["step_rewards"] == [-0.1, 1.0]
 
 
@@ -149,3 +164,38 @@ def test_model_code_is_parsed_on_the_host_only_when_bounded():
     assert parse_quietly("x = 1\n" * (MAX_PARSE_CHARS // 6 + 1)) is None  # too long to parse in the trainer
     for hostile in ["(" * 100_000, "-" * 1_000_000 + "1", "a." * 300_000 + "b", "1+" * 1_000_000 + "1"]:
         assert parse_quietly(hostile) is None  # deep nesting: an error, never a crash
+
+
+def multi_turn(sandbox, t, attempts, fn: RewardFunction):
+    """A code episode of several attempts (feedback between them), as the driver records it."""
+    ctx = EnvContext(sandbox, max_turns=len(attempts),
+                     options={"needs": fn.needs, "guards": fn.guards, "guard_kinds": fn.guard_kinds})
+    env = CodeEnv(ctx)
+    env.reset(t)
+    e = Episode(t, 0, env, [], Conversation())
+    for attempt in attempts:
+        step = env.step(attempt)
+        e.turns.append(Turn(attempt, step.observation, step.rewards, step.info, ended=True, tokens=5))
+        e.turn_ends.append(len(e.turns) * 5 - 1)
+    return e
+
+
+def test_weights_params_and_penalty_apply_to_multi_turn_episodes(sandbox):
+    """reward.weights / params / penalty are the same for an episode of several turns as for one turn."""
+    fn = RewardFunction({"tests": 1.0, "edge_cases": 2.0, "improvement": 0.5}, params={"tests": {"edge_weight": 5.0}},
+                        penalty=-3.0)
+    e = multi_turn(sandbox, task(), ["    return 0\n", "    return x * x if x else 1\n"], fn)
+    [r] = fn.score([e])
+    # The final attempt fails only the edge case x = 0 (weight 5 of 10); edge_cases is 0 of 1.
+    assert r.components["tests"] == pytest.approx(0.5) and r.components["edge_cases"] == 0.0
+    # improvement per turn: 1/6 (x=0 passes with "return 0"), then 5/6 - 1/6 (the unweighted fraction).
+    assert r.info["turn_rewards"] == pytest.approx([0.5 / 6, 0.5 * 4 / 6])
+    assert r.info["outcome"] == pytest.approx(1.0 * 0.5 + 2.0 * 0.0)
+    assert r.score == pytest.approx(0.5 + 0.5 * 5 / 6)
+    # A hacked attempt anywhere in the episode: the whole episode gets the penalty.
+    hacked = multi_turn(sandbox, task(), ["    return 0\nimport sys\nsys.exit(0)\n", "    return x * x\n"], fn)
+    [r] = fn.score([hacked])
+    assert r.info["hacking"] == ["exit_before_tests"] and r.score == -3.0 and r.info["turn_rewards"] == [0.0, 0.0]
+    # Unset weights: the environment's own (code: tests 1.0, format 0.1).
+    [r] = RewardFunction().score([multi_turn(sandbox, task(), ["    return x * x\n"], RewardFunction())])
+    assert r.score == pytest.approx(1.1) and set(r.components) >= {"tests", "format", "improvement"}

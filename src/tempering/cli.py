@@ -94,8 +94,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     from tempering.data import load_tasks
     from tempering.envs import EnvContext
-    from tempering.eval.evaluate import evaluate, evaluate_episodes
+    from tempering.eval.evaluate import evaluate
     from tempering.models.loading import check_model_dir, load_model, load_tokenizer, resolve_device
+    from tempering.rollout.engine import LocalEngine, SamplingParams
     from tempering.sandbox import LocalSandbox
 
     model_dir = check_model_dir(_resolve_model_dir(Path(args.model)))
@@ -110,17 +111,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     model = load_model(model_dir, device=device)
     tokenizer = load_tokenizer(model_dir)
+    engine = LocalEngine(model, tokenizer, SamplingParams(args.temperature, 1.0, args.max_new_tokens))
     with LocalSandbox(workers=2) as sandbox:
-        if args.turns > 1 or any(t.env != "code" for t in tasks):
-            # Episodes: success of the final attempt (pass@1) and of the first (first_turn_pass@1).
-            report = evaluate_episodes(model, tokenizer, tasks, EnvContext(sandbox, max_turns=args.turns),
-                                       samples=args.samples, temperature=args.temperature, greedy=args.greedy,
-                                       max_new_tokens=args.max_new_tokens, max_context=args.max_context,
-                                       seed=args.seed, chat=args.chat_format)
-        else:
-            report = evaluate(model, tokenizer, tasks, sandbox, samples=args.samples, ks=ks,
-                              temperature=args.temperature, greedy=args.greedy, max_new_tokens=args.max_new_tokens,
-                              seed=args.seed)
+        # pass@k of the final attempt; with --turns > 1 also first_turn_pass@1 (feedback between attempts).
+        report = evaluate(engine, tasks, EnvContext(sandbox, max_turns=args.turns), samples=args.samples, ks=ks,
+                          greedy=args.greedy, max_context=args.max_context, seed=args.seed, chat=args.chat_format)
     console = Console()
     table = Table(title=f"{model_dir}  ({report.num_tasks} tasks, "
                         f"{'greedy' if args.greedy else f'{report.samples} samples at T={args.temperature}'})")

@@ -185,6 +185,23 @@ class Trajectory:
 
 
 @dataclass
+class Turn:
+    """One action of an episode and what the environment answered."""
+
+    action: str
+    observation: str | None
+    """What came back (None when the episode ended with this action)."""
+    rewards: dict[str, float]
+    """The environment's reward components of this step."""
+    info: dict[str, Any]
+    """At least `success`; the code environment adds the attempt (`attempt`: a Trajectory) and `hacking`."""
+    ended: bool = True
+    """The action ended with the end-of-sequence token (else the token budget cut it)."""
+    tokens: int = 0
+    """Policy tokens of the action."""
+
+
+@dataclass
 class RewardResult:
     """A scalar reward plus the named components it was made of (each logged as reward/<name>/mean)."""
 

@@ -8,20 +8,30 @@ from tempering.algos import LOSS_AGGREGATIONS, POLICY_LOSSES, masked_mean
 from tempering.envs import EnvContext
 from tempering.envs.tool_tasks import generate_tool_tasks
 from tempering.envs.tools import format_answer, format_call
-from tempering.rollout.episodes import collate_episodes, episode_rewards, run_episodes
+from tempering.models.forward import response_logprobs
+from tempering.rewards import RewardFunction
+from tempering.rollout.batch import collate
+from tempering.rollout.engine import LocalEngine, SamplingParams
+from tempering.rollout.episodes import run_episodes
 from tempering.rollout.generate import Generation, left_pad
-from tempering.training.forward import response_logprobs
+
+
+def episode_rewards(episodes, step_fn=None):
+    """Each environment's own weights (reward.weights unset)."""
+    return RewardFunction(step_fn=step_fn).score(episodes)
 
 
 class ScriptedEngine:
-    """Stands in for `generate`: answers each context with the next scripted action (plus EOS) and
-    remembers every context it was shown."""
+    """A rollout engine that answers each context with the next scripted action (plus EOS) and remembers
+    every context it was shown."""
 
-    def __init__(self, script):
-        self.script = script          # (turn index, context text) -> action text
+    def __init__(self, tokenizer, script, max_new_tokens=200):
+        self.tokenizer, self.script = tokenizer, script  # script: (turn index, context text) -> action text
+        self.sampling, self.version = SamplingParams(max_new_tokens=max_new_tokens), 0
         self.contexts: list[list[list[int]]] = []
 
-    def __call__(self, model, tokenizer, prompts, *, max_new_tokens, **_):
+    def generate(self, prompts, *, max_new_tokens, **_):
+        tokenizer = self.tokenizer
         self.contexts.append(prompts)
         turn = len(self.contexts) - 1
         rows = []
@@ -48,9 +58,10 @@ def tool_tasks(domain):
 def test_observation_tokens_get_exactly_zero_gradient(tiny, tasks, sandbox):
     model, tokenizer = tiny
     ctx = EnvContext(sandbox, max_turns=3)
-    episodes = run_episodes(model, tokenizer, tasks[0][:3], ctx, group_size=2, max_new_tokens=12, max_context=190,
+    engine = LocalEngine(model, tokenizer, SamplingParams(max_new_tokens=12))
+    episodes = run_episodes(engine, tasks[0][:3], ctx, group_size=2, max_context=190,
                             generator=torch.Generator().manual_seed(0))
-    batch = collate_episodes(episodes, episode_rewards(episodes), tokenizer.pad_token_id)
+    batch = collate(episodes, episode_rewards(episodes), tokenizer)
     observation = (batch.response_attention == 1) & (batch.response_mask == 0)
     assert observation.any() and batch.response_mask.any()
 
@@ -84,9 +95,8 @@ def test_a_malformed_tool_call_becomes_an_observation_and_the_episode_goes_on(ti
     expression = task.metadata["reference"][0]
     script = ["<tool_call>{not json</tool_call>", format_call("calculator", expr="1"), expression,
               format_answer(task.answer)]
-    engine = ScriptedEngine(lambda turn, _: script[turn])
-    episodes = run_episodes(model, tokenizer, [task], EnvContext(max_turns=4), group_size=1, max_new_tokens=200,
-                            max_context=10_000, engine=engine, chat="plain")
+    engine = ScriptedEngine(tokenizer, lambda turn, _: script[turn])
+    episodes = run_episodes(engine, [task], EnvContext(max_turns=4), group_size=1, max_context=10_000, chat="plain")
     turns = episodes[0].turns
     assert [t.rewards["tool_error"] for t in turns] == [1.0, 1.0, 0.0, 0.0]
     assert turns[0].observation.startswith("<tool_response>error:") and "JSON" in turns[0].observation
@@ -94,7 +104,7 @@ def test_a_malformed_tool_call_becomes_an_observation_and_the_episode_goes_on(ti
     assert episodes[0].success
     [reward] = episode_rewards(episodes)
     assert reward.components == {"success": 1.0, "tool_error": 2.0}
-    batch = collate_episodes(episodes, [reward], tokenizer.pad_token_id)
+    batch = collate(episodes, [reward], tokenizer)
     # The two malformed calls are penalised at the last token of their own turns.
     ends = episodes[0].turn_ends
     assert batch.token_rewards[0, ends[0]] == batch.token_rewards[0, ends[1]] == -0.1
@@ -105,10 +115,9 @@ def test_flaky_api_errors_reach_the_model_as_text(tiny):
     model, tokenizer = tiny
     task = tool_tasks("tool_flaky")[0]
     call = task.metadata["reference"][0]
-    engine = ScriptedEngine(lambda turn, _: call if turn < 3 else format_answer(task.answer))
+    engine = ScriptedEngine(tokenizer, lambda turn, _: call if turn < 3 else format_answer(task.answer))
     ctx = EnvContext(max_turns=5, options={"flaky_failure_rate": 1.0, "flaky_max_failures": 2})
-    [episode] = run_episodes(model, tokenizer, [task], ctx, group_size=1, max_new_tokens=200, max_context=10_000,
-                             engine=engine, chat="plain")
+    [episode] = run_episodes(engine, [task], ctx, group_size=1, max_context=10_000, chat="plain")
     seen_by_model = [tokenizer.decode(c[0]) for c in engine.contexts]
     assert "503 service unavailable" in seen_by_model[1]
     assert "timeout after 2.0 s" in seen_by_model[2]
@@ -120,10 +129,9 @@ def test_flaky_api_errors_reach_the_model_as_text(tiny):
 def test_the_context_budget_ends_an_episode_as_truncated(tiny):
     model, tokenizer = tiny
     task = tool_tasks("tool_calc")[0]
-    engine = ScriptedEngine(lambda turn, _: task.metadata["reference"][0])
+    engine = ScriptedEngine(tokenizer, lambda turn, _: task.metadata["reference"][0], max_new_tokens=64)
     budget = 80
-    [episode] = run_episodes(model, tokenizer, [task], EnvContext(max_turns=20), group_size=1, max_new_tokens=64,
-                             max_context=budget, engine=engine, chat="plain")
+    [episode] = run_episodes(engine, [task], EnvContext(max_turns=20), group_size=1, max_context=budget, chat="plain")
     assert episode.truncated and len(episode.turns) < 20
     assert len(episode.prompt_ids) + len(episode.ids) <= budget
 
@@ -136,9 +144,8 @@ def test_the_chat_template_format_renders_exactly_the_template(tiny):
         "{% if add_generation_prompt %}<bos>assistant: {% endif %}")
     task = tool_tasks("tool_db_get")[0]
     script = [task.metadata["reference"][0], format_answer(task.answer)]
-    engine = ScriptedEngine(lambda turn, _: script[turn])
-    [episode] = run_episodes(model, tokenizer, [task], EnvContext(max_turns=3), group_size=1, max_new_tokens=200,
-                             max_context=10_000, engine=engine, chat="auto")
+    engine = ScriptedEngine(tokenizer, lambda turn, _: script[turn])
+    [episode] = run_episodes(engine, [task], EnvContext(max_turns=3), group_size=1, max_context=10_000, chat="auto")
     messages = episode.conversation.messages + [{"role": "assistant", "content": script[-1]}]
     rendered = tokenizer.apply_chat_template(messages, tools=episode.conversation.tools, tokenize=False)
     assert tokenizer.decode(episode.prompt_ids + episode.ids) == rendered.rstrip("\n")
@@ -152,9 +159,10 @@ def test_the_chat_template_format_renders_exactly_the_template(tiny):
 def test_a_group_shares_its_prompt_and_episodes_are_repeatable(tiny, tasks, sandbox):
     model, tokenizer = tiny
     ctx = EnvContext(sandbox, max_turns=2)
-    kw = dict(group_size=3, max_new_tokens=10, max_context=190, seed=5)
-    a = run_episodes(model, tokenizer, tasks[0][:2], ctx, generator=torch.Generator().manual_seed(1), **kw)
-    b = run_episodes(model, tokenizer, tasks[0][:2], ctx, generator=torch.Generator().manual_seed(1), **kw)
+    engine = LocalEngine(model, tokenizer, SamplingParams(max_new_tokens=10))
+    kw = dict(group_size=3, max_context=190, seed=5)
+    a = run_episodes(engine, tasks[0][:2], ctx, generator=torch.Generator().manual_seed(1), **kw)
+    b = run_episodes(engine, tasks[0][:2], ctx, generator=torch.Generator().manual_seed(1), **kw)
     assert [e.ids for e in a] == [e.ids for e in b]
     assert [e.group_id for e in a] == [0, 0, 0, 1, 1, 1]
     assert len({tuple(e.prompt_ids) for e in a[:3]}) == 1
@@ -164,14 +172,13 @@ def test_the_step_reward_hook_scores_each_turn(tiny):
     model, tokenizer = tiny
     task = tool_tasks("tool_db_get")[0]
     script = [task.metadata["reference"][0], format_answer(task.answer)]
-    engine = ScriptedEngine(lambda turn, _: script[turn])
-    episodes = run_episodes(model, tokenizer, [task], EnvContext(max_turns=3), group_size=1, max_new_tokens=200,
-                            max_context=10_000, engine=engine, chat="plain")
+    engine = ScriptedEngine(tokenizer, lambda turn, _: script[turn])
+    episodes = run_episodes(engine, [task], EnvContext(max_turns=3), group_size=1, max_context=10_000, chat="plain")
     [reward] = episode_rewards(episodes, step_fn=lambda task, steps: [0.5 if "<tool_call>" in s else 0.0
                                                                         for s in steps])
     assert reward.info["turn_rewards"] == [0.5, 0.0] and reward.components["step"] == 0.5
     assert reward.score == 1.5
-    batch = collate_episodes(episodes, [reward], tokenizer.pad_token_id)
+    batch = collate(episodes, [reward], tokenizer)
     assert batch.token_rewards[0, episodes[0].turn_ends[0]] == 0.5
 
 
@@ -181,8 +188,7 @@ def test_a_template_whose_turns_do_not_end_with_eos_keeps_its_own_end_of_turn(ti
                                "{% if add_generation_prompt %}[assistant] {% endif %}")
     task = tool_tasks("tool_db_get")[0].model_copy(update={"prompt": "say <eos> then work"})
     script = [task.metadata["reference"][0], format_answer(task.answer)]
-    engine = ScriptedEngine(lambda turn, _: script[turn])
-    [episode] = run_episodes(model, tokenizer, [task], EnvContext(max_turns=3), group_size=1, max_new_tokens=200,
-                             max_context=10_000, engine=engine, chat="template")
+    engine = ScriptedEngine(tokenizer, lambda turn, _: script[turn])
+    [episode] = run_episodes(engine, [task], EnvContext(max_turns=3), group_size=1, max_context=10_000, chat="template")
     observation = tokenizer.decode([t for t, p in zip(episode.ids, episode.policy) if not p])
     assert observation.startswith(" END\n[user] <tool_response>") and script[0] not in observation

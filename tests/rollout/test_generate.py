@@ -1,8 +1,10 @@
 import torch
 
-from tempering.rollout.code import rollout, sample
+from tempering.envs import EnvContext
+from tempering.rollout.engine import LocalEngine, SamplingParams
+from tempering.rollout.episodes import run_episodes
 from tempering.rollout.generate import encode_prompt, generate, sample_next
-from tempering.training.forward import response_logprobs
+from tempering.models.forward import response_logprobs
 
 
 def prompts_of(tokenizer, tasks, n):
@@ -80,20 +82,41 @@ def test_top_p_keeps_only_the_nucleus():
     assert drawn == {0, 1}
 
 
-def test_rollout_groups_and_executes(tiny, tasks, sandbox):
+def test_single_turn_code_episodes_group_and_execute(tiny, tasks, sandbox):
     model, tokenizer = tiny
-    trajs, gen = rollout(model, tokenizer, tasks[0][:3], sandbox, group_size=4, max_new_tokens=8,
-                         generator=torch.Generator().manual_seed(0))
-    assert [t.group_id for t in trajs] == [0] * 4 + [1] * 4 + [2] * 4
-    assert all(t.exec_result is not None and len(t.exec_result.tests) == 8 for t in trajs)
-    assert trajs[4].task is tasks[0][1]
-    assert [t.completion for t in trajs] == gen.texts
+    engine = LocalEngine(model, tokenizer, SamplingParams(max_new_tokens=8), version=3)
+    episodes = run_episodes(engine, tasks[0][:3], EnvContext(sandbox), group_size=4, max_context=1024,
+                            generator=torch.Generator().manual_seed(0))
+    assert [e.group_id for e in episodes] == [0] * 4 + [1] * 4 + [2] * 4
+    assert all(len(e.turns) == 1 and len(e.turns[0].info["attempt"].exec_result.tests) == 8 for e in episodes)
+    assert episodes[4].task is tasks[0][1] and {e.version for e in episodes} == {3}
+    # The same draws as sampling the prompts directly: one rollout path, no re-tokenization.
+    gen = engine.generate([encode_prompt(tokenizer, t.prompt) for t in tasks[0][:3] for _ in range(4)],
+                          generator=torch.Generator().manual_seed(0))
+    assert [e.turns[0].action for e in episodes] == gen.texts
+    assert gen.finish_reasons == ["length" if t else "stop" for t in gen.truncated.tolist()]
 
 
 def test_decoded_completion_round_trips_through_the_tokenizer(tiny, tasks):
     model, tokenizer = tiny
-    trajs, gen = sample(model, tokenizer, tasks[0][:2], group_size=2, max_new_tokens=10,
-                        generator=torch.Generator().manual_seed(0))
-    for i, traj in enumerate(trajs):
-        n = int(gen.response_mask[i].sum()) - (0 if traj.truncated else 1)
-        assert tokenizer.decode(gen.response_ids[i, :n].tolist()) == traj.completion
+    engine = LocalEngine(model, tokenizer, SamplingParams(max_new_tokens=10))
+    gen = engine.generate([encode_prompt(tokenizer, t.prompt) for t in tasks[0][:2] for _ in range(2)],
+                          generator=torch.Generator().manual_seed(0))
+    for i, (text, truncated) in enumerate(zip(gen.texts, gen.truncated.tolist())):
+        n = int(gen.response_mask[i].sum()) - (0 if truncated else 1)
+        assert tokenizer.decode(gen.response_ids[i, :n].tolist()) == text
+
+
+def test_engine_logprobs_use_its_temperature_and_weights_sync_by_version(tiny, tasks):
+    model, tokenizer = tiny
+    engine = LocalEngine(model, tokenizer, SamplingParams(temperature=0.7, max_new_tokens=6))
+    gen = engine.generate([encode_prompt(tokenizer, t.prompt) for t in tasks[0][:3]],
+                          generator=torch.Generator().manual_seed(1))
+    logprobs = engine.logprobs(gen.prompt_ids, gen.prompt_mask, gen.response_ids, gen.response_mask)
+    torch.testing.assert_close(logprobs * gen.response_mask, gen.logprobs, atol=2e-4, rtol=0)
+    # Another process's weights are copied in; the engine's own storage is not copied again.
+    other = {k: v.clone() + 0.01 for k, v in model.state_dict().items()}
+    engine.load_weights(model.state_dict(), version=1)
+    assert engine.version == 1
+    engine.load_weights(other, version=2)
+    assert engine.version == 2 and torch.equal(next(iter(model.state_dict().values())), next(iter(other.values())))

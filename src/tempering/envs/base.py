@@ -5,15 +5,18 @@ goes to `step`, which executes it - code in the sandbox, a call to a simulated A
 against the task's - and returns what comes back (appended to the context as observation tokens, never
 trained on), the reward components of that step, and whether the episode is over.
 
-Reward components come in two kinds. `outcome` components (tests passed, answer correct) are read from
-the episode's last step: the episode is judged on its final attempt. All others are process rewards of
-their step (an improvement over the previous attempt, a malformed tool call) and are credited at the last
-token of the turn that earned them. Weights come from `env.weights`, else `default_weights`.
+Reward components come in two kinds. `outcome` components (answer correct, tool task solved) are read
+from the episode's last step: the episode is judged on its final attempt. All others are process rewards
+of their step (an improvement over the previous attempt, a malformed tool call) and are credited at the
+last token of the turn that earned them. A step may also carry its attempt as a `Trajectory`
+(`info["attempt"]`, the code environment), on which the reward function computes its own components.
+Weights come from `reward.weights`, else the environment's `default_weights`.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, NamedTuple
 
@@ -63,6 +66,16 @@ class Environment(ABC):
     @abstractmethod
     def step(self, action: str) -> Step:
         """Apply one policy action."""
+
+    @classmethod
+    def step_batch(cls, envs: list[Environment], actions: list[str], pool: Executor | None = None) -> list[Step]:
+        """Step many environments of this kind on their actions (the rollout driver's call). The default
+        steps each one, in `pool`'s threads when given; environments whose steps share work (the code
+        environment: one sandbox batch, one linter run) override it."""
+        pairs = list(zip(envs, actions))
+        if pool is None:
+            return [env.step(action) for env, action in pairs]
+        return list(pool.map(lambda pair: pair[0].step(pair[1]), pairs))
 
     def tool_schemas(self) -> list[dict[str, Any]] | None:
         """Tools of this episode, as chat templates take them ({"type": "function", "function": schema});

@@ -4,11 +4,15 @@ With `max_turns` 1 this is the single-turn code task; with more, a failed attemp
 went wrong and the model may revise. The feedback shows the visible examples that fail with their
 expected values (the model saw those in the prompt anyway), and for the hidden tests only how many fail
 and any error (exception, timeout) - never a hidden expected value, which the next attempt could simply
-copy. The episode is judged on its final attempt (`tests`: the fraction of hidden tests passed); the
-process component `improvement` is the gain in that fraction over the previous attempt (the first
-attempt's gain is over 0, so the improvements of an episode add up to its final score: failing first on
-purpose earns nothing). The reward-hacking guards of single-turn runs check every attempt: a caught
-attempt scores 0 tests and earns the process component `hacking` (weight -1 by default).
+copy. Each step's info carries the attempt as a `Trajectory`, on which the reward function computes its
+components (`tests`, `format`, `style`, ...) for the episode's final attempt. The process component
+`improvement` is the gain in the passed fraction over the previous attempt (the first attempt's gain is
+over 0, so the improvements of an episode add up to its final score: failing first on purpose earns
+nothing). The reward-hacking guards check every attempt: a caught attempt counts 0 for `improvement`, is
+answered "rejected", and the reward function gives the episode `reward.penalty`.
+
+Steps are batched (`step_batch`): the programs of all running episodes go to the sandbox together, each
+distinct program once, and one ruff process lints them all.
 """
 
 from __future__ import annotations
@@ -16,8 +20,9 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 
-from tempering.envs.base import Environment, Step, clip_middle, register
+from tempering.envs.base import EnvContext, Environment, Step, clip_middle, register
 from tempering.rewards.guards import detect
+from tempering.rewards.lint import lint_findings
 from tempering.types import ExecResult, Task, Trajectory
 
 _FENCE = re.compile(r"```[a-zA-Z0-9_+-]*\n(.*?)(?:```|$)", re.S)
@@ -50,33 +55,62 @@ def program_of(task: Task, action: str) -> str:
 @register
 class CodeEnv(Environment):
     kind = "code"
-    outcome = frozenset({"tests"})
-    default_weights = {"tests": 1.0, "improvement": 0.2, "hacking": -1.0}
+    default_weights = {"tests": 1.0, "format": 0.1}
 
     def reset(self, task: Task) -> str:
         self.task, self.turn, self.previous = task, 0, 0.0
         return task.prompt
 
     def step(self, action: str) -> Step:
+        return self.step_batch([self], [action])[0]
+
+    @classmethod
+    def step_batch(cls, envs: list[CodeEnv], actions: list[str], pool=None) -> list[Step]:
+        """Run every program once per distinct (task, program) - a group often repeats itself - in one
+        sandbox batch, with the visible examples riding along as extra tests; lint them in one ruff
+        process and time the reference solutions when the reward needs it (`ctx.options["needs"]`)."""
+        if not envs:
+            return []
+        ctx = envs[0].ctx
+        needs = ctx.options.get("needs", ())
+        programs = [program_of(env.task, action) for env, action in zip(envs, actions)]
+        unique: dict[tuple[str, str], int] = {}   # (task id, program) -> index of its execution
+        runs: list[int] = []                       # the env whose program each execution runs
+        for k, (env, program) in enumerate(zip(envs, programs)):
+            if (env.task.id, program) not in unique:
+                unique[(env.task.id, program)] = len(runs)
+                runs.append(k)
+        results = ctx.sandbox.run_tests_batch([(with_examples(envs[k].task), programs[k]) for k in runs])
+        lint = lint_findings([programs[k] if envs[k].task.language == "python" else None for k in runs]) \
+            if "lint" in needs else [None] * len(runs)
+        reference = reference_times(ctx, [env.task for env in envs]) if "reference" in needs else {}
+        steps = []
+        for env, program in zip(envs, programs):
+            i = unique[(env.task.id, program)]
+            steps.append(env.judge(program, results[i], lint[i], reference.get(env.task.id)))
+        return steps
+
+    def judge(self, program: str, result: ExecResult, lint: int | None, reference_cpu_s: float | None) -> Step:
+        """One attempt's verdict: the attempt itself (a Trajectory the reward components read), the process
+        component `improvement`, guard detections, and the feedback when another attempt follows."""
         task = self.task
         self.turn += 1
-        program = program_of(task, action)
-        result = self.ctx.sandbox.run_tests(with_examples(task), program)
         n = len(task.tests)
         hidden, examples = split_examples(result, n)
         attempt = Trajectory(task=task, group_id=0, completion=program[len(task.prompt):]
                              if program.startswith(task.prompt) else program, truncated=False, exec_result=hidden,
-                             example_result=examples)
+                             example_result=examples, lint_findings=lint, reference_cpu_s=reference_cpu_s)
         hacks = detect(task, attempt, self.ctx.options.get("guard_kinds"))
         caught = bool(hacks) and self.ctx.options.get("guards", True)
         score = 0.0 if caught else hidden.passed_fraction
         improvement, self.previous = score - self.previous, score
         success = hidden.all_passed and not caught
         done = success or self.turn >= self.ctx.max_turns
-        info = {"success": success, "status": result.status, "passed": score, "flags": result.flags, "hacking": hacks}
+        info = {"success": success, "status": result.status, "passed": score, "flags": result.flags,
+                "hacking": hacks, "attempt": attempt}
         observation = None if done else (f"# feedback: rejected ({', '.join(hacks)})\n" if caught
                                          else self.feedback(result, n))
-        return Step(observation, {"tests": score, "improvement": improvement, "hacking": float(caught)}, done, info)
+        return Step(observation, {"improvement": improvement}, done, info)
 
     def feedback(self, result: ExecResult, hidden: int) -> str:
         """One line: why nothing ran (the error's last line), or the failing visible examples (with expected
@@ -107,3 +141,15 @@ def last_line(text: str) -> str:
     """The last non-empty line of an error text (a traceback's exception line)."""
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     return lines[-1] if lines else ""
+
+
+def reference_times(ctx: EnvContext, tasks: list[Task]) -> dict[str, float | None]:
+    """CPU time of each task's reference solution when it passes (None otherwise), cached for the run in
+    `ctx.options["reference_cpu"]` (the efficiency reward compares against it)."""
+    cache = ctx.options.setdefault("reference_cpu", {})
+    missing = {t.id: t for t in tasks if t.id not in cache and t.reference_solution}
+    if missing:
+        results = ctx.sandbox.run_tests_batch([(t, t.reference_solution) for t in missing.values()])
+        for task_id, r in zip(missing, results):
+            cache[task_id] = r.cpu_time_s if r.all_passed else None
+    return {t.id: cache.get(t.id) for t in tasks}

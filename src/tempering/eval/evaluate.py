@@ -10,9 +10,8 @@ import torch
 
 from tempering.envs import EnvContext
 from tempering.eval.passk import pass_at_k
-from tempering.rollout.code import rollout
+from tempering.rollout.engine import Engine
 from tempering.rollout.episodes import run_episodes
-from tempering.sandbox import Sandbox
 from tempering.types import Task
 
 
@@ -26,7 +25,7 @@ class EvalReport:
     per_domain: dict[str, dict[str, float]]
     domain_tasks: dict[str, int]
     mean_reward_tests: float = 0.0
-    """Mean fraction of hidden tests passed per sample."""
+    """Mean fraction of hidden tests passed by the final attempt (success, for non-code tasks)."""
     per_task: dict[str, int] = field(default_factory=dict)
     """Correct samples per task id."""
 
@@ -35,92 +34,54 @@ class EvalReport:
 
 
 def evaluate(
-    model,
-    tokenizer,
+    engine: Engine,
     tasks: list[Task],
-    sandbox: Sandbox,
+    ctx: EnvContext,
     *,
     samples: int = 1,
     ks: tuple[int, ...] = (1,),
-    temperature: float = 1.0,
     greedy: bool = False,
-    max_new_tokens: int = 48,
+    max_context: int = 1024,
     seed: int = 0,
+    chat: str = "auto",
 ) -> EvalReport:
-    """pass@k for each k in `ks` (unbiased estimator over `samples` per task); greedy forces samples=1."""
+    """pass@k of the final attempt for each k in `ks` (unbiased estimator over `samples` episodes per task;
+    greedy forces samples=1), overall and per domain; with several turns also `first_turn_pass@1` and
+    `turns/mean`. The sampling distribution is `engine.sampling`'s."""
     if greedy:
         samples = 1
     ks = tuple(k for k in ks if k <= samples) or (1,)
     # Sorting by prompt length keeps padding low in each generation chunk; the result does not depend on it.
     ordered = sorted(tasks, key=lambda t: len(t.prompt))
-    generator = torch.Generator().manual_seed(seed)
-    trajectories, _ = rollout(model, tokenizer, ordered, sandbox, group_size=samples, max_new_tokens=max_new_tokens,
-                              temperature=temperature, greedy=greedy, generator=generator)
-    correct: dict[str, int] = defaultdict(int)
-    frac = 0.0
-    for traj in trajectories:
-        correct[traj.task.id] += int(traj.exec_result.all_passed)
-        frac += traj.exec_result.passed_fraction
-    by_domain: dict[str, list[Task]] = defaultdict(list)
-    for task in ordered:
-        by_domain[task.domain].append(task)
-
-    def score(group: list[Task]) -> dict[str, float]:
-        return {f"pass@{k}": sum(pass_at_k(samples, correct[t.id], k) for t in group) / len(group) for k in ks}
-
-    return EvalReport(
-        num_tasks=len(tasks),
-        samples=samples,
-        temperature=None if greedy else temperature,
-        overall=score(ordered),
-        per_domain={d: score(g) for d, g in sorted(by_domain.items())},
-        domain_tasks={d: len(g) for d, g in sorted(by_domain.items())},
-        mean_reward_tests=frac / max(1, len(trajectories)),
-        per_task={t.id: correct[t.id] for t in ordered},
-    )
-
-
-def evaluate_episodes(
-    model,
-    tokenizer,
-    tasks: list[Task],
-    ctx: EnvContext,
-    *,
-    samples: int = 1,
-    temperature: float = 1.0,
-    greedy: bool = False,
-    max_new_tokens: int = 48,
-    max_context: int = 1024,
-    seed: int = 0,
-    chat: str = "auto",
-) -> EvalReport:
-    """Episode success rate (pass@1 of the final attempt) and first-turn pass@1, overall and per domain,
-    with up to `ctx.max_turns` turns per episode."""
-    if greedy:
-        samples = 1
-    ordered = sorted(tasks, key=lambda t: len(t.prompt))
-    generator = torch.Generator().manual_seed(seed)
-    episodes = run_episodes(model, tokenizer, ordered, ctx, group_size=samples, max_new_tokens=max_new_tokens,
-                            max_context=max_context, temperature=temperature, greedy=greedy, generator=generator,
-                            seed=seed, chat=chat)
+    episodes = run_episodes(engine, ordered, ctx, group_size=samples, max_context=max_context, greedy=greedy,
+                            generator=torch.Generator().manual_seed(seed), seed=seed, chat=chat)
     correct: dict[str, int] = defaultdict(int)
     first: dict[str, int] = defaultdict(int)
+    passed = 0.0
     for e in episodes:
         correct[e.task.id] += int(e.success)
         first[e.task.id] += int(e.first_success)
+        passed += float(e.turns[-1].info.get("passed", e.success)) if e.turns else 0.0
     by_domain: dict[str, list[Task]] = defaultdict(list)
     for task in ordered:
         by_domain[task.domain].append(task)
 
     def score(group: list[Task]) -> dict[str, float]:
-        return {"pass@1": sum(correct[t.id] for t in group) / (samples * len(group)),
-                "first_turn_pass@1": sum(first[t.id] for t in group) / (samples * len(group))}
+        out = {f"pass@{k}": sum(pass_at_k(samples, correct[t.id], k) for t in group) / len(group) for k in ks}
+        if ctx.max_turns > 1:
+            out["first_turn_pass@1"] = sum(first[t.id] for t in group) / (samples * len(group))
+        return out
 
+    overall = score(ordered)
+    if ctx.max_turns > 1:
+        overall["turns/mean"] = sum(len(e.turns) for e in episodes) / max(1, len(episodes))
     return EvalReport(
-        num_tasks=len(tasks), samples=samples, temperature=None if greedy else temperature,
-        overall={**score(ordered), "turns/mean": sum(len(e.turns) for e in episodes) / max(1, len(episodes))},
+        num_tasks=len(tasks),
+        samples=samples,
+        temperature=None if greedy else engine.sampling.temperature,
+        overall=overall,
         per_domain={d: score(g) for d, g in sorted(by_domain.items())},
         domain_tasks={d: len(g) for d, g in sorted(by_domain.items())},
-        mean_reward_tests=sum(e.success for e in episodes) / max(1, len(episodes)),
+        mean_reward_tests=passed / max(1, len(episodes)),
         per_task={t.id: correct[t.id] for t in ordered},
     )

@@ -7,7 +7,8 @@ own as `reward/<name>/mean`; each hacking guard as `reward/hacking/<kind>` (the 
 
 Components that need more than the test verdicts declare it in `NEEDS` (`examples`: the program run on
 the prompt's visible examples; `lint`: linter findings; `reference`: the reference solution's CPU time);
-`rollout.code.execute` provides exactly what the configured components and guards need.
+the code environment's batched step (`envs/code.py`) provides exactly what the configured components and
+guards need.
 """
 
 from __future__ import annotations
@@ -15,12 +16,16 @@ from __future__ import annotations
 import ast
 import inspect
 from collections.abc import Callable, Mapping
-from typing import Any
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
 from tempering.algos import lookup
 from tempering.registry import load_callable
 from tempering.rewards.guards import GUARDS, detect, parse_quietly
 from tempering.types import RewardResult, Task, Trajectory
+
+if TYPE_CHECKING:
+    from tempering.rollout.episodes import Episode
 
 RewardComponent = Callable[..., "float | RewardResult"]
 
@@ -137,83 +142,145 @@ def trl_adapter(fn: Callable[..., list[float | None]]) -> Callable[[list[Traject
 
 
 class RewardFunction:
-    """sum_c weight_c * component_c, keeping every component's value; then the hacking guards.
+    """Scores episodes: sum_c weight_c * component_c, keeping every component's value; then the guards.
 
-    With `guards` on, a trajectory caught by a guard gets `penalty` as its reward instead; detections are
-    recorded in `info["hacking"]` either way, so a run with guards off still shows what it learned.
+    Components are of two kinds. Reward components (`REWARD_COMPONENTS`, `package.module:function`,
+    `trl:...`) are computed here on the episode's final attempt - the Trajectory the code environment
+    records, or the final action's text for other environments. Environment components (`tests` of a
+    tool task's `success`, the code environment's `improvement`, a tool call's `tool_error`) come from the
+    steps: outcome components from the final step, process components summed per turn and credited at the
+    turn's last token. `weights` None means each environment's own `default_weights`; `params` go to the
+    reward components. With `guards` on, an episode with an attempt caught by a guard gets `penalty` as its
+    whole reward; detections are recorded in `info["hacking"]` either way, so a run with guards off still
+    shows what it learned.
     """
 
-    def __init__(self, weights: Mapping[str, float], *, params: Mapping[str, Mapping[str, Any]] | None = None,
-                 guards: bool = True, guard_kinds: list[str] | None = None, penalty: float = -1.0,
-                 step_fn: str | None = None):
-        if not weights:
+    def __init__(self, weights: Mapping[str, float] | None = None, *,
+                 params: Mapping[str, Mapping[str, Any]] | None = None, guards: bool = True,
+                 guard_kinds: list[str] | None = None, penalty: float = -1.0, step_fn: str | Callable | None = None):
+        if weights is not None and not weights:
             raise ValueError("reward.weights is empty; name at least one component")
-        self.weights = dict(weights)
+        self.weights = None if weights is None else dict(weights)
         self.params = {k: dict(v) for k, v in (params or {}).items()}
-        unknown = set(self.params) - set(self.weights)
-        if unknown:
-            raise ValueError(f"reward.params names component(s) {sorted(unknown)} that reward.weights does not use")
-        self.components: dict[str, RewardComponent] = {}
-        self.batch_components: dict[str, Callable[[list[Trajectory]], list[float]]] = {}
-        for name in self.weights:
-            if name.startswith("trl:"):
-                self.batch_components[name] = trl_adapter(load_callable(name[4:], "TRL reward function"))
-            else:
-                self.components[name] = lookup(REWARD_COMPONENTS, name, "reward component")
+        if self.weights is not None:
+            unknown = set(self.params) - set(self.weights)
+            if unknown:
+                raise ValueError(f"reward.params names component(s) {sorted(unknown)} that reward.weights does not use")
+        self._functions: dict[str, RewardComponent | None] = {}
+        self._batch_functions: dict[str, Callable[[list[Trajectory]], list[float]]] = {}
+        for name in self.weights or ():
+            self.function(name)  # unknown registry names fail here, not at the first reward
         kinds = list(GUARDS) if guard_kinds is None else list(guard_kinds)
         bad = set(kinds) - set(GUARDS)
         if bad:
             raise ValueError(f"unknown reward guard(s) {sorted(bad)}; valid: {', '.join(GUARDS)}")
         self.guard_kinds, self.guards, self.penalty = kinds, guards, penalty
-        self.step_fn = load_callable(step_fn, "step reward function") if step_fn else None
+        self.step_fn = load_callable(step_fn, "step reward function") if isinstance(step_fn, str) else step_fn
+
+    def function(self, name: str) -> RewardComponent | None:
+        """The reward component called `name`; None for a name that is not one (an environment component)."""
+        if name not in self._functions:
+            if name.startswith("trl:"):
+                self._batch_functions[name] = trl_adapter(load_callable(name[4:], "TRL reward function"))
+                self._functions[name] = None
+            elif name in REWARD_COMPONENTS or ":" in name:
+                self._functions[name] = lookup(REWARD_COMPONENTS, name, "reward component")
+            else:
+                self._functions[name] = None
+        return self._functions[name]
 
     @property
     def needs(self) -> set[str]:
-        """What execution must provide beyond the test verdicts."""
-        return {NEEDS[n] for n in list(self.weights) + self.guard_kinds if n in NEEDS}
+        """What execution must provide beyond the test verdicts (`rewards.NEEDS`), for the configured weights
+        and guards (with environment defaults, the code environment's: tests and format need nothing)."""
+        return {NEEDS[n] for n in list(self.weights or ()) + self.guard_kinds if n in NEEDS}
 
-    def __call__(self, task: Task, traj: Trajectory) -> RewardResult:
-        return self.batch([traj])[0]
-
-    def batch(self, trajectories: list[Trajectory]) -> list[RewardResult]:
-        batch_scores = {name: fn(trajectories) for name, fn in self.batch_components.items()}
-        results = []
-        for i, traj in enumerate(trajectories):
-            components: dict[str, float] = {}
-            info: dict[str, Any] = {}
-            for name, fn in self.components.items():
+    def components(self, attempts: list[Trajectory], weights: list[Mapping[str, float]]) -> list[dict[str, Any]]:
+        """The reward components named in each attempt's weights, computed on it (info under `__info__`)."""
+        out: list[dict[str, Any]] = [{"__info__": {}} for _ in attempts]
+        names = {n for w in weights for n in w}
+        for name in sorted(n for n in names if n.startswith("trl:")):
+            self.function(name)
+            rows = [i for i, w in enumerate(weights) if name in w]
+            for i, value in zip(rows, self._batch_functions[name]([attempts[i] for i in rows])):
+                out[i][name] = float(value)
+        for i, (traj, w) in enumerate(zip(attempts, weights)):
+            for name in w:
+                fn = self.function(name)
+                if fn is None:
+                    continue
                 value = fn(traj.task, traj, **self.params.get(name, {}))
                 if isinstance(value, RewardResult):
-                    info.update(value.info)
+                    out[i]["__info__"].update(value.info)
                     value = value.score
-                components[name] = float(value)
-            for name, scores in batch_scores.items():
-                components[name] = scores[i]
-            score = sum(self.weights[n] * v for n, v in components.items())
-            hacks = detect(traj.task, traj, self.guard_kinds)
-            info["hacking"] = hacks
-            if hacks and self.guards:
-                score = self.penalty
-            if self.step_fn is not None:
-                info["step_rewards"] = self.step_rewards(traj)
-            results.append(RewardResult(score=score, components=components, info=info))
+                out[i][name] = float(value)
+        return out
+
+    def score(self, episodes: list[Episode]) -> list[RewardResult]:
+        """Each episode's reward: `info["outcome"]` (the sequence reward: outcome and reward components,
+        weighted) and `info["turn_rewards"]` (weighted process components per turn, credited at each turn's
+        last token); `score` is their sum. `info["step_rewards"]` holds `step_fn`'s scores of a one-turn
+        episode's lines (credited at each line's last token); with several turns, a turn is a step."""
+        weights = [self.weights if self.weights is not None else type(e.env).default_weights for e in episodes]
+        computed = self.components([final_attempt(e) for e in episodes], weights)
+        results = []
+        for e, w, comps in zip(episodes, weights, computed):
+            info = comps.pop("__info__")
+            outcome_names = type(e.env).outcome
+            final = e.turns[-1].rewards if e.turns else {}
+            components = {name: float(final.get(name, 0.0)) for name in outcome_names} | comps
+            turn_rewards = []
+            for t in e.turns:
+                process = {k: v for k, v in t.rewards.items() if k not in outcome_names}
+                turn_rewards.append(sum(w.get(k, 0.0) * v for k, v in process.items()))
+                for k, v in process.items():
+                    components[k] = components.get(k, 0.0) + float(v)
+            if self.step_fn is not None and e.turns:
+                scores = self.step_scores(e)
+                components["step"] = sum(scores)
+                if len(e.turns) == 1:
+                    info["step_rewards"] = scores
+                else:
+                    turn_rewards = [r + x for r, x in zip(turn_rewards, scores)]
+            outcome = sum(w.get(name, 0.0) * components[name] for name in components if name in outcome_names
+                          or name in comps)
+            info["hacking"] = sorted({h for t in e.turns for h in t.info.get("hacking", ())})
+            if info["hacking"] and self.guards:
+                outcome, turn_rewards, info["step_rewards"] = self.penalty, [0.0] * len(turn_rewards), None
+            info.update(outcome=outcome, turn_rewards=turn_rewards)
+            total = outcome + sum(turn_rewards) + sum(info.get("step_rewards") or ())
+            results.append(RewardResult(score=total, components=components, info=info))
         return results
 
-    def step_rewards(self, traj: Trajectory) -> list[float]:
-        """The process-reward hook: `step_fn(task, steps) -> one score per step`, where the steps are the
-        completion's lines (single-turn) or turns (episodes); credited at each step's last token."""
-        steps = step_texts(traj)
-        kwargs = {"trajectory": traj} if "trajectory" in inspect.signature(self.step_fn).parameters else {}
-        scores = list(self.step_fn(traj.task, steps, **kwargs))
+    def step_scores(self, episode: Episode) -> list[float]:
+        """`step_fn(task, steps)`: the steps are the turns' actions, or a one-turn episode's lines."""
+        steps = [t.action for t in episode.turns]
+        if len(steps) == 1:
+            steps = step_texts(steps[0])
+        attempt = final_attempt(episode)
+        kwargs = {"trajectory": attempt} if "trajectory" in inspect.signature(self.step_fn).parameters else {}
+        scores = [float(x) for x in self.step_fn(episode.task, steps, **kwargs)]
         if len(scores) != len(steps):
             raise ValueError(f"step reward function returned {len(scores)} scores for {len(steps)} steps")
-        return [float(s) for s in scores]
+        return scores
 
 
-def step_texts(traj: Trajectory) -> list[str]:
-    """A single-turn completion's steps: its lines, each with its newline (the last may lack one)."""
-    return traj.completion.splitlines(keepends=True) or [traj.completion]
+def final_attempt(episode: Episode) -> Trajectory:
+    """The episode's last attempt as a Trajectory: the code environment's record of it, else the final
+    action's text; `truncated` and `response_tokens` from the action."""
+    last = episode.turns[-1] if episode.turns else None
+    if last is None:
+        return Trajectory(task=episode.task, group_id=episode.group_id, completion="", truncated=True)
+    attempt = last.info.get("attempt")
+    if attempt is None:
+        attempt = Trajectory(task=episode.task, group_id=episode.group_id, completion=last.action, truncated=False)
+    return replace(attempt, group_id=episode.group_id, truncated=not last.ended, response_tokens=last.tokens)
+
+
+def step_texts(text: str) -> list[str]:
+    """A one-turn completion's steps: its lines, each with its newline (the last may lack one)."""
+    return text.splitlines(keepends=True) or [text]
 
 
 __all__ = ["GUARDS", "NEEDS", "REWARD_COMPONENTS", "RewardFunction", "code_style", "edge_cases", "efficiency",
-           "examples_passed", "naive_harness", "overlong", "step_texts", "tests_passed", "trl_adapter", "well_formed"]
+           "examples_passed", "final_attempt", "naive_harness", "overlong", "step_texts", "tests_passed", "trl_adapter", "well_formed"]

@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
+
+from tempering.rollout.generate import left_pad
+from tempering.types import RewardResult
+
+if TYPE_CHECKING:
+    from tempering.rollout.episodes import Episode
 
 
 @dataclass
@@ -24,7 +31,9 @@ class RolloutBatch:
     token_rewards: Tensor | None = None   # (B, R) per-token rewards (process steps, KL penalty), when used
     response_attention: Tensor | None = None
     """(B, R) 1 on every response token present: the policy's and, in multi-turn episodes, the observations'
-    (which `response_mask` leaves out of the loss). None = `response_mask` (single-turn)."""
+    (which `response_mask` leaves out of the loss). None = `response_mask`."""
+    versions: Tensor | None = None
+    """(B,) the policy version (RL step) that sampled each row."""
 
     @property
     def attention(self) -> Tensor:
@@ -85,3 +94,46 @@ def concat_batches(batches: list[RolloutBatch]) -> RolloutBatch:
         return torch.cat(out)
 
     return RolloutBatch(**{f.name: cat(f.name, f.name.startswith("prompt")) for f in fields(RolloutBatch)})
+
+
+def collate(episodes: list[Episode], rewards: list[RewardResult], tokenizer, group_offset: int = 0) -> RolloutBatch:
+    """Episodes -> a RolloutBatch: the outcome as the sequence reward, process rewards at the last token of
+    the turn that earned them (a one-turn episode's line rewards at each line's last token), observation
+    tokens attended to (`response_attention`) but not trained on."""
+    prompt_ids, prompt_mask = left_pad([e.prompt_ids for e in episodes], tokenizer.pad_token_id)
+    width = max(1, max(len(e.ids) for e in episodes))
+    b = len(episodes)
+    response_ids = torch.full((b, width), tokenizer.pad_token_id, dtype=torch.long)
+    response_mask = torch.zeros((b, width))
+    attention = torch.zeros((b, width))
+    old_logprobs = torch.zeros((b, width))
+    token_rewards = torch.zeros((b, width))
+    for i, (e, r) in enumerate(zip(episodes, rewards)):
+        n = len(e.ids)
+        if n:
+            response_ids[i, :n] = torch.tensor(e.ids)
+            response_mask[i, :n] = torch.tensor(e.policy, dtype=torch.float32)
+            attention[i, :n] = 1.0
+            old_logprobs[i, :n] = torch.tensor(e.logprobs)
+        for end, value in zip(e.turn_ends, r.info["turn_rewards"]):
+            token_rewards[i, end] += value
+        if r.info.get("step_rewards") and n:
+            pieces = [tokenizer.decode([t]) for t in e.ids]
+            for end, value in zip(line_end_tokens(pieces), r.info["step_rewards"]):
+                token_rewards[i, end] += value
+    return RolloutBatch(
+        prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=response_ids, response_mask=response_mask,
+        old_logprobs=old_logprobs, rewards=torch.tensor([r.info["outcome"] for r in rewards], dtype=torch.float32),
+        group_ids=torch.tensor([e.group_id + group_offset for e in episodes]),
+        token_rewards=token_rewards if token_rewards.any() else None, response_attention=attention,
+        versions=torch.tensor([e.version for e in episodes]),
+    )
+
+
+def line_end_tokens(pieces: list[str]) -> list[int]:
+    """For the tokens spelling a text: the index of the token that ends each of its lines (the last token
+    ends the last line, newline or not) - the steps of `rewards.step_texts`."""
+    ends = [i for i, piece in enumerate(pieces) for _ in range(piece.count("\n"))]
+    if pieces and (not ends or ends[-1] != len(pieces) - 1):
+        ends.append(len(pieces) - 1)
+    return ends

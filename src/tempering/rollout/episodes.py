@@ -1,37 +1,29 @@
-"""The multi-turn rollout driver: the policy acts, the environment answers, up to `max_turns`.
+"""The rollout driver - the one path from tasks to scored episodes: the policy acts, the environment
+answers, up to `max_turns`. A single-turn code task is a one-turn episode of the code environment.
 
 All episodes of a batch advance together: each turn is one batched generation over the episodes still
-running (the contexts differ in length; they are left-padded), then every environment steps on its
-action (in parallel threads: code environments wait on the sandbox). An episode is one token sequence
-after its prompt - action, observation, action, ... - in which only the actions' tokens are the
-policy's: `collate_episodes` sets `response_mask` on them alone, so observation tokens are attended to
-but never trained on. When the context budget (`max_context` tokens, prompt included) is reached the
-episode ends and is marked truncated.
+running (the contexts differ in length; they are left-padded; the first turn of a group shares its
+prompt's prefill), then the environments step on their actions, a batch per environment kind
+(`Environment.step_batch`: the code environment sends all programs to the sandbox at once, each distinct
+one once). An episode is one token sequence after its prompt - action, observation, action, ... - in
+which only the actions' tokens are the policy's: `collate` sets `response_mask` on them alone, so
+observation tokens are attended to but never trained on. When the context budget (`max_context` tokens,
+prompt included) is reached the episode ends and is marked truncated.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
 from tempering.envs import EnvContext, Environment, make_env
-from tempering.rollout.batch import RolloutBatch
 from tempering.rollout.chat import Conversation, chat_format
-from tempering.rollout.generate import generate, left_pad
-from tempering.types import RewardResult, Task
-
-
-@dataclass
-class Turn:
-    action: str
-    observation: str | None
-    """What came back (None when the episode ended with this action)."""
-    rewards: dict[str, float]
-    info: dict[str, Any]
+from tempering.rollout.engine import Engine
+from tempering.types import Task, Turn
 
 
 @dataclass
@@ -52,6 +44,8 @@ class Episode:
     truncated: bool = False
     """The context budget ended the episode."""
     done: bool = False
+    version: int = 0
+    """The policy version that sampled the episode's actions."""
 
     @property
     def success(self) -> bool:
@@ -63,24 +57,22 @@ class Episode:
 
 
 def run_episodes(
-    model,
-    tokenizer,
+    engine: Engine,
     tasks: list[Task],
     ctx: EnvContext,
     *,
     group_size: int,
-    max_new_tokens: int,
     max_context: int,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
     greedy: bool = False,
     generator: torch.Generator | None = None,
     seed: int = 0,
     chat: str = "auto",
-    engine=generate,
+    timer: Callable[[str], AbstractContextManager] | None = None,
 ) -> list[Episode]:
-    """`group_size` episodes per task (consecutive), each up to `ctx.max_turns` turns. `engine` is the
-    generation function (`tempering.rollout.generate.generate`'s signature)."""
+    """`group_size` episodes per task (consecutive), each up to `ctx.max_turns` turns, sampled by `engine`.
+    `timer(name)` (optional) times the phases: `gen` (generation) and `reward` (environment steps)."""
+    timer = timer or (lambda name: nullcontext())
+    tokenizer, max_new_tokens = engine.tokenizer, engine.sampling.max_new_tokens
     fmt = chat_format(tokenizer, chat)
     episodes = []
     for i in range(len(tasks) * group_size):
@@ -98,16 +90,18 @@ def run_episodes(
             running = [(e, room) for e, room in zip(active, rooms) if room > 0]
             if not running:
                 break
-            gen = engine(model, tokenizer, [e.prompt_ids + e.ids for e, _ in running],
-                         max_new_tokens=min(max_new_tokens, max(room for _, room in running)),
-                         temperature=temperature, top_p=top_p, greedy=greedy, generator=generator)
+            with timer("gen"):
+                gen = engine.generate([e.prompt_ids + e.ids for e, _ in running], generator=generator, greedy=greedy,
+                                      max_new_tokens=min(max_new_tokens, max(room for _, room in running)))
             actions = [(e, *_record_action(e, gen, row, room, tokenizer, max_new_tokens))
                        for row, (e, room) in enumerate(running)]
-            steps = list(pool.map(lambda a: a[0].env.step(a[1]), actions))
-            for (e, text, ended), step in zip(actions, steps):
+            with timer("reward"):
+                steps = _step_all([e.env for e, _, _, _ in actions], [text for _, text, _, _ in actions], pool)
+            for (e, text, ended, n), step in zip(actions, steps):
                 last = step.done or turn == ctx.max_turns - 1 or e.truncated
                 observation = None if last else (step.observation or "")
-                e.turns.append(Turn(text, observation, dict(step.rewards), dict(step.info)))
+                e.turns.append(Turn(text, observation, dict(step.rewards), dict(step.info), ended=ended, tokens=n))
+                e.version = gen.version
                 if last:
                     e.done = True
                     continue
@@ -122,9 +116,21 @@ def run_episodes(
     return episodes
 
 
-def _record_action(e: Episode, gen, row: int, room: int, tokenizer, max_new_tokens: int) -> tuple[str, bool]:
+def _step_all(envs: list[Environment], actions: list[str], pool: ThreadPoolExecutor) -> list:
+    """Each environment's step, batched per environment kind; in the order of `envs`."""
+    steps: list = [None] * len(envs)
+    kinds: dict[type, list[int]] = {}
+    for i, env in enumerate(envs):
+        kinds.setdefault(type(env), []).append(i)
+    for cls, rows in kinds.items():
+        for i, step in zip(rows, cls.step_batch([envs[i] for i in rows], [actions[i] for i in rows], pool)):
+            steps[i] = step
+    return steps
+
+
+def _record_action(e: Episode, gen, row: int, room: int, tokenizer, max_new_tokens: int) -> tuple[str, bool, int]:
     """Append row `row` of a generation to episode `e` (cut to the `room` left in its context budget);
-    -> (the action's text, whether it ended with EOS)."""
+    -> (the action's text, whether it ended with EOS, its number of tokens)."""
     n = min(int(gen.response_mask[row].sum()), room)
     ids = gen.response_ids[row, :n].tolist()
     ended = bool(ids) and ids[-1] == tokenizer.eos_token_id
@@ -133,67 +139,4 @@ def _record_action(e: Episode, gen, row: int, room: int, tokenizer, max_new_toke
     e.policy += [True] * n
     e.logprobs += gen.logprobs[row, :n].tolist()
     e.turn_ends.append(len(e.ids) - 1)
-    return tokenizer.decode(ids[:-1] if ended else ids, skip_special_tokens=False), ended
-
-
-# ------------------------------------------------------------------------------------------ rewards
-
-
-def episode_rewards(episodes: list[Episode], weights: dict[str, float] | None = None,
-                    step_fn: Callable[..., list[float]] | None = None) -> list[RewardResult]:
-    """Each episode's outcome (its environment's `outcome` components, from the final step) and process
-    rewards (every other component, per turn). Weights: `weights`, else the environment's defaults.
-    `step_fn(task, [action of each turn]) -> one score per turn` (`reward.step_fn`) adds a process reward
-    per turn, logged as the component `step`."""
-    out = []
-    for e in episodes:
-        w = {**type(e.env).default_weights, **(weights or {})}
-        outcome_names = type(e.env).outcome
-        final = e.turns[-1].rewards if e.turns else {}
-        components = {name: float(final.get(name, 0.0)) for name in outcome_names}
-        per_turn = []
-        for t in e.turns:
-            process = {k: v for k, v in t.rewards.items() if k not in outcome_names}
-            per_turn.append(sum(w.get(k, 0.0) * v for k, v in process.items()))
-            for k, v in process.items():
-                components[k] = components.get(k, 0.0) + float(v)
-        if step_fn is not None and e.turns:
-            scores = [float(x) for x in step_fn(e.task, [t.action for t in e.turns])]
-            if len(scores) != len(e.turns):
-                raise ValueError(f"step reward function returned {len(scores)} scores for {len(e.turns)} turns")
-            per_turn = [p + x for p, x in zip(per_turn, scores)]
-            components["step"] = sum(scores)
-        outcome = sum(w.get(name, 0.0) * components[name] for name in outcome_names)
-        out.append(RewardResult(score=outcome + sum(per_turn), components=components,
-                                info={"outcome": outcome, "turn_rewards": per_turn}))
-    return out
-
-
-def collate_episodes(episodes: list[Episode], rewards: list[RewardResult], pad_id: int,
-                     group_offset: int = 0) -> RolloutBatch:
-    """Episodes -> a RolloutBatch: the outcome as the sequence reward, process rewards at the last token of
-    the turn that earned them, observation tokens attended to (`response_attention`) but not trained on."""
-    prompt_ids, prompt_mask = left_pad([e.prompt_ids for e in episodes], pad_id)
-    width = max(1, max(len(e.ids) for e in episodes))
-    b = len(episodes)
-    response_ids = torch.full((b, width), pad_id, dtype=torch.long)
-    response_mask = torch.zeros((b, width))
-    attention = torch.zeros((b, width))
-    old_logprobs = torch.zeros((b, width))
-    token_rewards = torch.zeros((b, width))
-    for i, (e, r) in enumerate(zip(episodes, rewards)):
-        n = len(e.ids)
-        if n:
-            response_ids[i, :n] = torch.tensor(e.ids)
-            response_mask[i, :n] = torch.tensor(e.policy, dtype=torch.float32)
-            attention[i, :n] = 1.0
-            old_logprobs[i, :n] = torch.tensor(e.logprobs)
-        for end, value in zip(e.turn_ends, r.info["turn_rewards"]):
-            token_rewards[i, end] += value
-    return RolloutBatch(
-        prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=response_ids, response_mask=response_mask,
-        old_logprobs=old_logprobs, rewards=torch.tensor([r.info["outcome"] for r in rewards]),
-        group_ids=torch.tensor([e.group_id + group_offset for e in episodes]),
-        token_rewards=token_rewards if token_rewards.any() else None, response_attention=attention,
-    )
-
+    return tokenizer.decode(ids[:-1] if ended else ids, skip_special_tokens=False), ended, n

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from tempering.training.forward import distinct_rows
+from tempering.models.forward import distinct_rows
 
 
 def encode_prompt(tokenizer, text: str) -> list[int]:
@@ -43,6 +43,12 @@ class Generation:
     logprobs: Tensor         # (B, R) log-prob of each sampled token (temperature-scaled distribution)
     truncated: Tensor        # (B,) bool, True when no EOS came within max_new_tokens
     texts: list[str]         # decoded completions, EOS and padding removed
+    version: int = 0         # the policy version (RL step) whose weights sampled these
+
+    @property
+    def finish_reasons(self) -> list[str]:
+        """Per row, as OpenAI-compatible servers say it: `stop` (EOS sampled) or `length` (budget reached)."""
+        return ["length" if t else "stop" for t in self.truncated.tolist()]
 
 
 def sample_next(logits: Tensor, *, temperature: float, top_p: float, generator: torch.Generator | None,

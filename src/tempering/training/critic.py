@@ -13,7 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from tempering.algos.losses import clipped_value_loss
-from tempering.training.forward import model_device, response_hidden_states
+from tempering.models.forward import model_device, response_hidden_states
 
 HEAD_FILE = "value_head.pt"
 

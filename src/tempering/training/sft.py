@@ -9,7 +9,7 @@ import torch
 
 from tempering.algos import masked_mean
 from tempering.rollout.generate import encode_prompt, left_pad
-from tempering.training.forward import response_logprobs
+from tempering.models.forward import response_logprobs
 from tempering.training.optim import make_optimizer, make_scheduler
 from tempering.types import Task
 

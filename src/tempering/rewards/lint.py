@@ -1,59 +1,17 @@
-"""Single-turn code rollouts: sample `group_size` completions per task, execute each against its tests."""
+"""Linter findings of model-written programs, for the code-style reward: one ruff process per batch."""
 
 from __future__ import annotations
 
-import torch
-
-from tempering.envs.code import split_examples, with_examples
-from tempering.rollout.generate import Generation, encode_prompt, generate
-from tempering.sandbox import Sandbox
-from tempering.types import Task, Trajectory
-
-
-def execute(trajectories: list[Trajectory], sandbox: Sandbox, needs: set[str] = frozenset(),
-            reference_cpu: dict[str, float] | None = None) -> None:
-    """Fill `exec_result` of every trajectory (identical programs for the same task run once), plus what
-    the reward needs: `examples` (runs on the prompt's visible examples), `lint` (linter findings),
-    `reference` (the reference solution's CPU time, cached per task in `reference_cpu`)."""
-    unique: dict[tuple[str, str], list[Trajectory]] = {}
-    for traj in trajectories:
-        unique.setdefault((traj.task.id, traj.program), []).append(traj)
-    groups = list(unique.values())
-    jobs = []
-    for g in groups:
-        # The visible examples ride along as extra tests of the same execution: no extra cost.
-        task = with_examples(g[0].task) if "examples" in needs else g[0].task
-        jobs.append((task, g[0].program))
-    results = sandbox.run_tests_batch(jobs)
-    for group, result in zip(groups, results):
-        hidden, examples = split_examples(result, len(group[0].task.tests))
-        for traj in group:
-            traj.exec_result, traj.example_result = hidden, examples
-    if "lint" in needs:
-        findings = lint_findings([g[0].program if g[0].task.language == "python" else None for g in groups])
-        for group, n in zip(groups, findings):
-            for traj in group:
-                traj.lint_findings = n
-    if "reference" in needs:
-        cache = reference_cpu if reference_cpu is not None else {}
-        missing = {t.task.id: t.task for t in trajectories if t.task.id not in cache and t.task.reference_solution}
-        if missing:
-            ref_results = sandbox.run_tests_batch([(task, task.reference_solution) for task in missing.values()])
-            for task_id, r in zip(missing, ref_results):
-                cache[task_id] = r.cpu_time_s if r.all_passed else None
-        for traj in trajectories:
-            traj.reference_cpu_s = cache.get(traj.task.id)
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
 
 def lint_findings(codes: list[str | None]) -> list[int | None]:
     """Findings of ruff (pyflakes F, pycodestyle E/W, bugbear B) per code string; None for code that does
     not parse or is not Python. One ruff process for the whole batch; the code is only read, never run."""
-    import json
-    import subprocess
-    import sys
-    import tempfile
-    from pathlib import Path
-
     out: list[int | None] = [None] * len(codes)
     with tempfile.TemporaryDirectory(prefix="tempering-lint-") as tmp:
         paths = {}

@@ -1,0 +1,96 @@
+"""Everything a checkpoint saves, built fresh or resumed from the newest valid checkpoint.
+
+`TrainState.build_or_resume` wires checkpoint storage (local directory, optional `checkpoint.uri` mirror),
+loads the policy (and the frozen reference when KL is used, and the critic when the estimator has one),
+makes the optimizers and schedule, and restores what the newest checkpoint holds: weights, optimizer,
+scheduler, the task sampler's position and the KL coefficient (RNG states are restored by the checkpoint
+module). The RL loop gets it ready-made and only calls `save`.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from tempering import checkpoint as ckpt
+from tempering.algos import KLController
+from tempering.config import RunConfig
+from tempering.data import MixtureSampler, TaskSampler
+from tempering.models.loading import load_model, load_tokenizer
+from tempering.training.critic import Critic
+from tempering.training.optim import make_optimizer, make_scheduler
+from tempering.types import Task
+
+
+@dataclass
+class TrainState:
+    policy: torch.nn.Module
+    tokenizer: object
+    optimizer: torch.optim.Optimizer
+    scheduler: object
+    sampler: TaskSampler | MixtureSampler
+    kl: KLController
+    saver: ckpt.Saver
+    ref: torch.nn.Module | None = None
+    """The frozen start model, when `algo.kl_coef` > 0."""
+    critic: Critic | None = None
+    critic_optimizer: torch.optim.Optimizer | None = None
+    step: int = 0
+    """The last completed step (0 = a fresh run)."""
+
+    @classmethod
+    def build_or_resume(cls, cfg: RunConfig, run_dir: Path, train_tasks: list[Task], start_model_dir: Path,
+                        *, needs_critic: bool, log=print) -> TrainState:
+        algo, c = cfg.algo, cfg.checkpoint
+        remote = ckpt.RemoteStore(c.uri, c.storage, retries=c.upload_retries, backoff_s=c.retry_backoff_s,
+                                  log=log) if c.uri else None
+        checkpoints = run_dir / "checkpoints"
+        latest = ckpt.resume_point(checkpoints, remote, log)
+        saver = ckpt.Saver(checkpoints, keep=c.keep, keep_every=c.keep_every, remote=remote,
+                           asynchronous=c.async_save, log=log)
+        model_dir = latest.model_dir if latest else start_model_dir
+        policy = load_model(model_dir, dtype=cfg.model.dtype, device=cfg.run.device)
+        optimizer = make_optimizer(policy, lr=algo.lr, weight_decay=algo.weight_decay)
+        state = cls(
+            policy=policy, tokenizer=load_tokenizer(model_dir), optimizer=optimizer,
+            scheduler=make_scheduler(optimizer, warmup_steps=algo.warmup_steps, total_steps=cfg.train.steps),
+            sampler=MixtureSampler(train_tasks, cfg.data.mixture, cfg.run.seed) if cfg.data.mixture
+            else TaskSampler(train_tasks, seed=cfg.run.seed),
+            kl=KLController(algo.kl_coef, target=algo.kl_target, horizon=algo.kl_horizon), saver=saver)
+        if algo.kl_coef > 0:
+            state.ref = load_model(start_model_dir, dtype=cfg.model.dtype, device=cfg.run.device).eval()
+            state.ref.requires_grad_(False)
+        if needs_critic:
+            critic_dir = latest.path / "critic" if latest else start_model_dir
+            state.critic = Critic.from_pretrained(critic_dir, dtype=cfg.model.dtype, device=cfg.run.device)
+            state.critic_optimizer = make_optimizer(state.critic, lr=algo.critic.lr)
+        if latest is not None:
+            saved = latest.load_into(state.optimizer, state.scheduler)
+            state.sampler.load_state_dict(saved["sampler"])
+            if "kl" in saved:
+                state.kl.load_state_dict(saved["kl"])
+            if state.critic_optimizer is not None:
+                state.critic_optimizer.load_state_dict(torch.load(latest.path / "critic" / "optimizer.pt",
+                                                                  map_location="cpu", weights_only=False))
+            state.step = latest.step
+            log(f"resuming from {latest.path.name}")
+        return state
+
+    def save(self, step: int, config_yaml: str) -> None:
+        """Snapshot the state now (CPU copies); the saver writes (and uploads) it while training goes on."""
+        extra = None
+        if self.critic is not None:
+            critic, optimizer = self.critic, copy.deepcopy(self.critic_optimizer.state_dict())
+            backbone, head = ckpt.cpu_copy(critic.backbone.state_dict()), ckpt.cpu_copy(critic.head.state_dict())
+
+            def extra(directory: Path) -> None:
+                critic.save_snapshot(directory / "critic", backbone, head)
+                torch.save(optimizer, directory / "critic" / "optimizer.pt")
+
+        self.saver.save(ckpt.snapshot(
+            step, model=self.policy, tokenizer=self.tokenizer, optimizer=self.optimizer, scheduler=self.scheduler,
+            trainer_state={"sampler": self.sampler.state_dict(), "kl": self.kl.state_dict()},
+            config_yaml=config_yaml, extra=extra))
