@@ -156,7 +156,12 @@ BAD_VALUES = [
 ]
 
 
-@pytest.mark.parametrize("tree, message", BAD_VALUES, ids=[m.split(":")[0].strip("'") for _, m in BAD_VALUES])
+def _first_key(tree) -> str:
+    key, value = next(iter(tree.items()))
+    return f"{key}.{_first_key(value)}" if isinstance(value, dict) and value else str(key)
+
+
+@pytest.mark.parametrize("tree, message", BAD_VALUES, ids=[_first_key(t) for t, _ in BAD_VALUES])
 def test_bad_value_fails_at_load_time_naming_the_key(tree, message):
     with pytest.raises(ConfigError, match=message if ".*" in message else re.escape(message)) as e:
         build_config(tree)

@@ -95,7 +95,8 @@ def _flat(text: str, where: str) -> dict[str, Any]:
     try:
         tree = yaml.safe_load(text) or {}
     except yaml.YAMLError as e:
-        raise ConfigError(f"{where} is not valid YAML ({getattr(e, 'problem', e)}); move it aside to start over")
+        raise ConfigError(f"{where} is not valid YAML ({getattr(e, 'problem', e)}); "
+                          "move it aside to start over") from None
     if not isinstance(tree, dict):
         raise ConfigError(f"{where} does not hold a config mapping; move it aside to start over")
     return flatten(_with_defaults(tree, RunConfig().model_dump(), []))

@@ -95,6 +95,7 @@ def prepare(cfg: RunConfig, console: Console | None = None, allow_config_change:
     if cfg.model.path:
         check_model_dir(cfg.model.path)
     check_sandbox_url(cfg)
+    _check_outside_inputs(cfg)
     train = load_tasks(cfg.data.train_file) if cfg.data.train_file else None
     heldout = load_tasks(cfg.data.heldout_file) if cfg.data.heldout_file else None
     run_dir_data = run_dir / "data" / "heldout.jsonl"
@@ -177,6 +178,18 @@ def check_sandbox_url(cfg: RunConfig, timeout_s: float = 5.0) -> None:
                           "(`tempering sandbox serve`)") from None
     finally:
         probe.close()
+
+
+def _check_outside_inputs(cfg: RunConfig) -> None:
+    """Names of things outside the config that are otherwise first used after SFT: the interpreter that
+    runs programs, the checkpoint store's URL scheme (no network: the store is only parsed)."""
+    python = cfg.sandbox.python
+    if python and not cfg.sandbox.url and not shutil.which(python):
+        raise ConfigError(f"sandbox.python: '{python}' is not an executable (a path, or a name on PATH)")
+    if cfg.checkpoint.uri:
+        from tempering.checkpoint import RemoteStore
+
+        RemoteStore(cfg.checkpoint.uri, cfg.checkpoint.storage)  # an unknown scheme or missing driver fails here
 
 
 def make_sandbox(cfg: RunConfig) -> Sandbox:
@@ -285,8 +298,8 @@ def heldout_eval(ws: Workspace, model_dir: Path, sandbox: Sandbox, name: str,
         stored = json.loads(path.read_text())
         if stored.get("evaluated") == key:
             return stored
-        ws.log(f"{name}: recomputing (it evaluated {stored.get('evaluated', 'an unrecorded model')}, "
-               f"now {key['model']})")
+        was = (stored.get("evaluated") or {}).get("model", "an unrecorded model")
+        ws.log(f"{name}.json evaluated {was} with other settings or another model; evaluating {key['model']}")
     cfg = ws.cfg
     began = time.perf_counter()
     model = load_model(model_dir, dtype=cfg.model.dtype, device=cfg.run.device)
