@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from tempering import checkpoint as ckpt
+from tempering import config_history
 from tempering.algos import (
     ADVANTAGE_ESTIMATORS,
     KL_ESTIMATORS,
@@ -111,7 +112,7 @@ class RLTrainer:
     """Holds the policy and everything a checkpoint saves; `run` executes the remaining steps."""
 
     def __init__(self, cfg: RunConfig, run_dir: Path, train_tasks: list[Task], heldout_tasks: list[Task],
-                 start_model_dir: Path, log=print):
+                 start_model_dir: Path, log=print, allow_config_change: bool = False):
         self.cfg, self.run_dir, self.log = cfg, run_dir, log
         algo = cfg.algo
         self.heldout_tasks = heldout_tasks
@@ -126,6 +127,12 @@ class RLTrainer:
         remote = ckpt.RemoteStore(c.uri, c.storage, retries=c.upload_retries, backoff_s=c.retry_backoff_s,
                                   log=log) if c.uri else None
         latest = ckpt.resume_point(self.checkpoints, remote, log)
+        if latest is not None:  # e.g. a checkpoint from `checkpoint.uri`, saved under another config
+            change = config_history.check_checkpoint(run_dir, latest.path, cfg, allow_config_change)
+            if change is not None:
+                config_history.record(run_dir, change, allow_config_change)
+                log(f"config differs from checkpoint {latest.path.name} (accepted with --allow-config-change): "
+                    f"{change.describe(change.forced)}")
         self.saver = ckpt.Saver(self.checkpoints, keep=c.keep, keep_every=c.keep_every, remote=remote,
                                 asynchronous=c.async_save, log=log)
         self.stop_signal: str | None = None
@@ -387,7 +394,7 @@ class RLTrainer:
 def env_context(cfg: RunConfig, sandbox: Sandbox | None) -> EnvContext:
     """What the environments of a run get: the sandbox, `env.*`, and the reward-hacking guard settings."""
     e, r = cfg.env, cfg.reward
-    options = {"guards": r.guards, "guard_kinds": r.guard_kinds, **e.options}
+    options = {"guards": r.guards, "guard_kinds": r.guard_kinds, **e.options.model_dump()}
     return EnvContext(sandbox=sandbox, max_turns=e.max_turns, feedback_chars=e.feedback_chars, options=options)
 
 
