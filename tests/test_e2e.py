@@ -126,6 +126,107 @@ def test_bad_inputs_fail_with_one_line_and_lose_nothing(tmp_path):
     assert (run_dir / "notes.txt").read_text() == "keep me"
 
 
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("override, message", [
+    ("reward.params={tests: {edge_wieght: 2.0}}", "reward.params.tests: unknown parameter(s) edge_wieght"),
+    ("algo.estimator=no_such_pkg.adv:fn", "algo.estimator: advantage estimator 'no_such_pkg.adv:fn': cannot import"),
+    ("checkpoint.every=0", "config key 'checkpoint.every'"),
+    ("env.options.flaky_failure_rat=0.5", "unknown config key 'env.options.flaky_failure_rat'"),
+    (f"sandbox.url=http://127.0.0.1:{_closed_port()}", "sandbox.url: sandbox service at http://127.0.0.1:"),
+])
+def test_late_config_errors_fail_before_the_run_directory_exists(tmp_path, override, message):
+    """Each of these used to pass load time and fail after SFT and the held-out evaluation (or, for the
+    sandbox URL, after config.yaml and data/ were written)."""
+    run_dir = tmp_path / "run"
+    proc = tempering("train", "configs/smoke.yaml", f"run.dir={run_dir}", override, check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr
+    assert proc.stderr.strip().count("\n") == 0, proc.stderr
+    assert not run_dir.exists()
+
+
+# A run small enough to be trained several times in one test: ~2 s of work per invocation.
+TINY = ["sft.steps=4", "data.num_train=80", "data.num_heldout=8", "eval.every=0", "eval.samples=1",
+        "tracking.tensorboard=false", "checkpoint.every=1"]
+
+
+def train_tiny(run_dir, *overrides, check=True):
+    return tempering("train", "configs/smoke.yaml", f"run.dir={run_dir}", *TINY, *overrides, check=check)
+
+
+def summary_of(run_dir):
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def evaluated_step(run_dir):
+    return json.loads((run_dir / "eval_after.json").read_text())["evaluated"]["step"]
+
+
+@pytest.mark.slow
+def test_more_steps_on_a_finished_run_evaluates_the_new_model(tmp_path):
+    run_dir = tmp_path / "run"
+    train_tiny(run_dir, "train.steps=2")
+    assert evaluated_step(run_dir) == 2 and summary_of(run_dir)["rl_step_evaluated"] == 2
+    first = (run_dir / "eval_after.json").read_text()
+    train_tiny(run_dir, "train.steps=4")  # train.steps may change on resume
+    assert [r["step"] for r in metrics(run_dir)] == [1, 2, 3, 4]
+    after = json.loads((run_dir / "eval_after.json").read_text())
+    assert (run_dir / "eval_after.json").read_text() != first
+    assert after["evaluated"]["step"] == 4 and after["evaluated"]["model"] == "checkpoints/step_000004/model"
+    summary = summary_of(run_dir)
+    assert summary["rl_step_evaluated"] == 4 and summary["rl_steps"] == 4
+    assert summary["heldout_pass@1_after"] == after["sampled"]["overall"]["pass@1"]
+    assert summary["config_changes"][0]["changed"]["train.steps"] == {"old": 2, "new": 4}
+    assert summary["config_changes"][0]["forced"] == []
+    # Nothing changed: the evaluation is reused, not redone.
+    train_tiny(run_dir, "train.steps=4")
+    assert json.loads((run_dir / "eval_after.json").read_text()) == after
+
+
+@pytest.mark.slow
+def test_a_run_stopped_by_max_time_is_evaluated_again_when_continued(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = train_tiny(run_dir, "train.steps=3", "train.max_time_s=0.001")
+    assert "RL stopped at step 1 of 3" in proc.stderr
+    assert evaluated_step(run_dir) == 1
+    summary = summary_of(run_dir)
+    assert summary["rl_step_evaluated"] == 1 and summary["rl_steps_planned"] == 3
+    train_tiny(run_dir, "train.steps=3")
+    assert [r["step"] for r in metrics(run_dir)] == [1, 2, 3]
+    assert evaluated_step(run_dir) == 3 and summary_of(run_dir)["rl_step_evaluated"] == 3
+
+
+@pytest.mark.slow
+def test_a_changed_config_on_resume_is_refused_unless_the_flag_is_given(tmp_path):
+    run_dir = tmp_path / "run"
+    train_tiny(run_dir, "train.steps=2")
+    snapshot = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    proc = train_tiny(run_dir, "train.steps=3", "algo.lr=5e-4", "rollout.group_size=2", check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().count("\n") == 0, proc.stderr
+    assert "algo.lr 0.0001 -> 0.0005" in proc.stderr and "rollout.group_size 4 -> 2" in proc.stderr
+    assert "--allow-config-change" in proc.stderr
+    assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == snapshot  # untouched
+
+    old_config = (run_dir / "config.yaml").read_text()
+    proc = train_tiny(run_dir, "train.steps=3", "algo.lr=5e-4", "--allow-config-change")
+    assert "accepted with --allow-config-change" in proc.stderr
+    assert "lr: 0.0005" in (run_dir / "config.yaml").read_text()
+    assert (run_dir / "config_history" / "0001.yaml").read_text() == old_config
+    [change] = summary_of(run_dir)["config_changes"]
+    assert change["forced"] == ["algo.lr"] and change["allowed_by_flag"] is True
+    assert [r["step"] for r in metrics(run_dir)] == [1, 2, 3] and evaluated_step(run_dir) == 3
+    # The accepted config is now the run's: the same command needs no flag again.
+    train_tiny(run_dir, "train.steps=3", "algo.lr=5e-4")
+
+
 @pytest.mark.slow
 def test_eval_command_on_a_checkpoint(smoke_run, tmp_path):
     out = tmp_path / "eval.json"

@@ -1,6 +1,6 @@
 """The `tempering` command.
 
-    tempering train CONFIG.yaml [key.path=value ...]     run (or resume) the recipe
+    tempering train CONFIG.yaml [key.path=value ...]     run (or resume) the recipe [--allow-config-change]
     tempering sft CONFIG.yaml [key.path=value ...]       only the supervised warm-up
     tempering eval MODEL_OR_CHECKPOINT --tasks FILE      pass@k on a task file
     tempering data generate --out DIR                    write the built-in task splits
@@ -30,7 +30,7 @@ def _config(args: argparse.Namespace):
 def cmd_train(args: argparse.Namespace) -> int:
     from tempering.pipeline import train
 
-    summary = train(_config(args))
+    summary = train(_config(args), allow_config_change=args.allow_config_change)
     print(json.dumps({k: v for k, v in summary.items() if not k.startswith("per_domain")}, indent=1))
     return 0
 
@@ -38,7 +38,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_sft(args: argparse.Namespace) -> int:
     from tempering.pipeline import base_model_dir, make_sandbox, prepare, sft_stage
 
-    ws = prepare(_config(args))
+    ws = prepare(_config(args), allow_config_change=args.allow_config_change)
     with make_sandbox(ws.cfg) as sandbox:  # episodes' SFT transcripts execute code (repair feedback)
         out = sft_stage(ws, base_model_dir(ws, sandbox), sandbox)
     ws.log(f"SFT model: {out}")
@@ -244,6 +244,10 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=text, description=text)
         p.add_argument("config", help="recipe YAML, or a run directory (uses its config.yaml)")
         p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. algo.lr=1e-4 run.dir=runs/x")
+        p.add_argument("--allow-config-change", action="store_true",
+                       help="resume a run directory with a config that differs from its recorded one beyond the "
+                            "keys that may change (train.steps, train.max_time_s, run.threads, checkpoint.*, "
+                            "tracking.*, ...); the change is recorded in RUN_DIR/config_history")
         p.set_defaults(fn=fn)
 
     p = sub.add_parser("eval", help="pass@k of a model or checkpoint on a task file")

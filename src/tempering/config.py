@@ -24,7 +24,7 @@ class RunSection(Section):
     """Run directory: config, metrics, samples, checkpoints, summary. Re-running on it resumes."""
     seed: int = 0
     """Seeds every random choice of the run (task sampling, generation, minibatch order)."""
-    threads: int = 2
+    threads: int = Field(2, ge=1)
     """torch intra-op threads; resume-identical numbers need the same value as the original run."""
     device: str = Field("auto", pattern=r"^(auto|cpu|mps|cuda(:\d+)?)$")
     """torch device of the policy, reference and critic: `auto` (CUDA when present, else CPU), `cpu`, `cuda`,
@@ -34,17 +34,17 @@ class RunSection(Section):
 class ModelSection(Section):
     path: str | None = None
     """Local Hugging Face causal-LM directory; unset = build the tiny default model and tokenizer."""
-    hidden_size: int = 192
+    hidden_size: int = Field(192, ge=1)
     """Tiny model: width."""
-    num_layers: int = 4
+    num_layers: int = Field(4, ge=1)
     """Tiny model: transformer blocks."""
-    num_heads: int = 4
+    num_heads: int = Field(4, ge=1)
     """Tiny model: attention heads."""
-    intermediate_size: int = 512
+    intermediate_size: int = Field(512, ge=1)
     """Tiny model: MLP width."""
-    vocab_size: int = 1024
+    vocab_size: int = Field(1024, ge=1)
     """Tiny model: size of the BPE vocabulary trained on the training tasks."""
-    max_length: int = 256
+    max_length: int = Field(256, ge=1)
     """Tiny model: maximum sequence length (positions)."""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Parameter dtype when loading `path`."""
@@ -57,9 +57,9 @@ class DataSection(Section):
     """JSONL task file for held-out evaluation; unset = the built-in generator's held-out split."""
     domains: list[str] | None = None
     """Built-in generator: domains to use (unset = all)."""
-    num_train: int = 20000
+    num_train: int = Field(20000, ge=1)
     """Built-in generator: training tasks."""
-    num_heldout: int = 512
+    num_heldout: int = Field(512, ge=1)
     """Built-in generator: held-out tasks (functions never seen in training)."""
     seed: int = 1234
     """Built-in generator: seed of the task generator and of the train/held-out split."""
@@ -73,9 +73,9 @@ class DataSection(Section):
     """reasoning_gym: datasets to use (None = every one, ~100)."""
     gym_config: dict[str, dict[str, Any]] = {}
     """reasoning_gym: keyword arguments per dataset, e.g. {basic_arithmetic: {max_terms: 2}}."""
-    gym_heldout_per_domain: int = 4
+    gym_heldout_per_domain: int = Field(4, ge=1)
     """reasoning_gym: held-out tasks per dataset (num_train is split evenly over the datasets)."""
-    gym_max_prompt_chars: int = 2000
+    gym_max_prompt_chars: int = Field(2000, ge=1)
     """reasoning_gym: skip questions longer than this (a small model's context); 2000 keeps ~100 datasets."""
     mixture: dict[str, float] | None = None
     """Weight of each domain when sampling RL tasks (`*` = every unlisted domain); None = uniform over
@@ -83,17 +83,17 @@ class DataSection(Section):
 
 
 class SFTSection(Section):
-    steps: int = 300
+    steps: int = Field(300, ge=0)
     """Supervised warm-up steps on reference solutions of training tasks (0 = skip)."""
-    batch_size: int = 64
+    batch_size: int = Field(64, ge=1)
     """Sequences per SFT step."""
-    lr: float = 1e-3
+    lr: float = Field(1e-3, gt=0.0)
     """Peak learning rate."""
-    warmup_steps: int = 20
+    warmup_steps: int = Field(20, ge=0)
     """Linear warm-up steps."""
     schedule: Literal["constant", "cosine"] = "constant"
     """Learning-rate shape after warm-up."""
-    weight_decay: float = 0.0
+    weight_decay: float = Field(0.0, ge=0.0)
     """AdamW weight decay."""
     repair_fraction: float = Field(0.0, ge=0.0, le=1.0)
     """Episodes: share of code SFT examples given as a repair transcript (a near-miss wrong attempt, its
@@ -101,16 +101,23 @@ class SFTSection(Section):
 
 
 class RolloutSection(Section):
-    prompts_per_step: int = 16
+    prompts_per_step: int = Field(16, ge=1)
     """Tasks per RL step."""
-    group_size: int = 8
+    group_size: int = Field(8, ge=1)
     """Samples per task (the group of GRPO)."""
-    temperature: float = 1.0
+    temperature: float = Field(1.0, gt=0.0)
     """Sampling temperature (also applied to the training log-probs, as in verl)."""
-    top_p: float = 1.0
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
     """Nucleus sampling threshold (1.0 = off)."""
-    max_new_tokens: int = 48
+    max_new_tokens: int = Field(48, ge=1)
     """Longest completion; longer ones are cut and marked truncated."""
+
+
+class EnvOptionsSection(Section):
+    flaky_failure_rate: float = Field(0.5, ge=0.0, le=1.0)
+    """tool env: chance that a call to the flaky `weather` API fails with a transient error."""
+    flaky_max_failures: int = Field(2, ge=0)
+    """tool env: at most this many transient failures in a row, so retrying always succeeds in the end."""
 
 
 class EnvSection(Section):
@@ -119,28 +126,29 @@ class EnvSection(Section):
     episodes: bool | None = None
     """Run RL through the environment / multi-turn driver. None = when max_turns > 1 or a task's env is
     not `code`; single-turn code tasks otherwise use the code rollout with `reward.weights`."""
-    max_context: int = 1024
+    max_context: int = Field(1024, ge=1)
     """Context budget of an episode in tokens (prompt, actions and observations); reaching it ends the
     episode, marked truncated."""
-    feedback_chars: int = 400
-    """Longest observation text (feedback, tool output); longer is cut to its head and tail."""
+    feedback_chars: int = Field(400, ge=64)
+    """Longest observation text (feedback, tool output); longer is cut to its head and tail (at least 64,
+    room for the cut marker)."""
     weights: dict[str, float] = {}
     """Weights of environment reward components (default: each environment's own, e.g. code: tests 1.0,
     improvement 0.2, hacking -1.0; tool: success 1.0, tool_error -0.1)."""
-    options: dict[str, Any] = {}
+    options: EnvOptionsSection = EnvOptionsSection()
     """Environment options, e.g. {flaky_failure_rate: 0.5, flaky_max_failures: 2}."""
     chat_format: Literal["auto", "plain", "template"] = "auto"
     """How turns become tokens: the tokenizer's chat template, or plain text (the tiny model); auto picks."""
 
 
 class CriticSection(Section):
-    lr: float = 1e-4
+    lr: float = Field(1e-4, gt=0.0)
     """Critic learning rate (estimators that need a critic: gae)."""
-    value_clip: float = 0.2
+    value_clip: float = Field(0.2, gt=0.0)
     """Clip range of PPO's clipped value loss."""
-    epochs: int = 1
+    epochs: int = Field(1, ge=1)
     """Passes of the critic over each rollout batch."""
-    warmup_steps: int = 0
+    warmup_steps: int = Field(0, ge=0)
     """RL steps during which only the critic learns (the policy waits for useful values)."""
 
 
@@ -150,9 +158,9 @@ class AlgoSection(Section):
     `package.module:function` (see docs/algorithms.md)."""
     scale_by_std: bool = True
     """GRPO: divide by the group's std (False = Dr. GRPO)."""
-    gamma: float = 1.0
+    gamma: float = Field(1.0, ge=0.0, le=1.0)
     """Discount (reinforce_pp, gae)."""
-    lam: float = 0.95
+    lam: float = Field(0.95, ge=0.0, le=1.0)
     """GAE lambda."""
     whiten_advantages: bool = False
     """Whiten advantages over the batch after the estimator (common with gae)."""
@@ -161,41 +169,41 @@ class AlgoSection(Section):
     loss_agg: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = \
         "token-mean"
     """How token losses are reduced to a scalar (seq-mean-token-sum-norm divides by rollout.max_new_tokens)."""
-    lr: float = 1e-4
+    lr: float = Field(1e-4, gt=0.0)
     """Policy learning rate."""
-    warmup_steps: int = 10
+    warmup_steps: int = Field(10, ge=0)
     """Linear learning-rate warm-up, in RL steps."""
-    weight_decay: float = 0.0
+    weight_decay: float = Field(0.0, ge=0.0)
     """AdamW weight decay."""
-    clip_ratio: float = 0.2
+    clip_ratio: float = Field(0.2, gt=0.0, lt=1.0)
     """PPO clip range epsilon."""
-    clip_ratio_low: float | None = None
+    clip_ratio_low: float | None = Field(None, gt=0.0, lt=1.0)
     """Lower clip range (default clip_ratio)."""
-    clip_ratio_high: float | None = None
+    clip_ratio_high: float | None = Field(None, gt=0.0)
     """Upper clip range (default clip_ratio; larger = DAPO's clip-higher, e.g. 0.28)."""
-    clip_ratio_c: float | None = None
+    clip_ratio_c: float | None = Field(None, gt=1.0)
     """Dual-clip constant (> 1, e.g. 3.0): caps the loss of negative-advantage tokens. None = off."""
-    ppo_epochs: int = 1
+    ppo_epochs: int = Field(1, ge=1)
     """Passes over each rollout batch."""
-    minibatches: int = 2
+    minibatches: int = Field(2, ge=1)
     """Optimizer steps per epoch (the batch is split into this many minibatches)."""
-    kl_coef: float = 0.0
+    kl_coef: float = Field(0.0, ge=0.0)
     """Weight of the KL to the frozen reference; 0 skips the reference model."""
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
     """KL estimator (Schulman's k1/k2/k3)."""
     kl_mode: Literal["loss", "reward"] = "loss"
     """`loss`: a term of the policy loss (GRPO); `reward`: a per-token penalty in the reward (PPO, REINFORCE++)."""
-    kl_target: float | None = None
+    kl_target: float | None = Field(None, gt=0.0)
     """Adaptive KL: steer kl_coef toward this KL per token (Ziegler et al.); None = fixed coefficient."""
-    kl_horizon: int = 10000
+    kl_horizon: int = Field(10000, ge=1)
     """Adaptive KL horizon, in samples: a step of B samples moves kl_coef by at most 20% * B / horizon."""
     entropy_coef: float = 0.0
     """Weight of the entropy bonus."""
-    max_grad_norm: float = 1.0
+    max_grad_norm: float = Field(1.0, gt=0.0)
     """Gradient clipping threshold."""
     dynamic_sampling: bool = False
     """DAPO: drop groups whose rewards are all equal and sample more tasks until the batch is full."""
-    max_sampling_rounds: int = 3
+    max_sampling_rounds: int = Field(3, ge=1)
     """DAPO: at most this many sampling rounds per step (the batch may stay short after them)."""
     critic: CriticSection = CriticSection()
     skip_zero_advantage: bool = True
@@ -223,15 +231,15 @@ class RewardSection(Section):
 
 
 class SandboxSection(Section):
-    timeout_s: float = 2.0
+    timeout_s: float = Field(2.0, gt=0.0)
     """Wall-clock limit per execution."""
-    cpu_s: float = 2.0
+    cpu_s: float = Field(2.0, gt=0.0)
     """CPU-time limit per execution."""
-    memory_mb: int = 256
+    memory_mb: int = Field(256, ge=1)
     """Address-space limit per execution, on top of the interpreter's own."""
-    max_output_bytes: int = 65536
+    max_output_bytes: int = Field(65536, ge=1)
     """stdout/stderr kept per stream; a program that writes more is stopped (output_limit)."""
-    workers: int = 2
+    workers: int = Field(2, ge=1)
     """Warm worker processes (executions run in parallel across them)."""
     python: str | None = None
     """Interpreter that runs programs; unset = the system python3, else the current one."""
@@ -245,19 +253,19 @@ class SandboxSection(Section):
 
 
 class TrainSection(Section):
-    steps: int = 150
+    steps: int = Field(150, ge=0)
     """RL steps."""
-    max_time_s: float | None = None
+    max_time_s: float | None = Field(None, gt=0.0)
     """Wall-clock budget of the RL stage per invocation: after the step that exceeds it, save and stop
     (for equal-time comparisons, bench/algos_compare.py). None = run all `steps`."""
 
 
 class CheckpointSection(Section):
-    every: int = 25
+    every: int = Field(25, ge=1)
     """Save every N RL steps (and at the end, and on SIGTERM)."""
-    keep: int = 2
+    keep: int = Field(2, ge=1)
     """Keep the newest K checkpoints (locally and at `uri`)."""
-    keep_every: int | None = None
+    keep_every: int | None = Field(None, ge=1)
     """Also keep every checkpoint whose step is a multiple of this (None = only the newest K)."""
     uri: str | None = None
     """Mirror checkpoints to this fsspec URI: s3://bucket/prefix, memory://name, or a path. Resume takes
@@ -266,27 +274,27 @@ class CheckpointSection(Section):
     """Options of the store at `uri`: endpoint_url, region, key, secret (else the usual AWS_* variables)."""
     async_save: bool = True
     """Write (and upload) checkpoints in the background while training continues; one save in flight."""
-    upload_retries: int = 5
+    upload_retries: int = Field(5, ge=0)
     """Attempts per storage operation beyond the first, with exponential backoff."""
-    retry_backoff_s: float = 1.0
+    retry_backoff_s: float = Field(1.0, ge=0.0)
     """First backoff of a failed storage operation (doubled on each retry)."""
 
 
 class EvalSection(Section):
-    every: int = 25
+    every: int = Field(25, ge=0)
     """Held-out validation every N RL steps (0 = only before and after)."""
-    val_tasks: int = 128
+    val_tasks: int = Field(128, ge=1)
     """Held-out tasks used by the periodic validation."""
-    samples: int = 4
+    samples: int = Field(4, ge=1)
     """Samples per held-out task (temperature 1.0) for the before/after pass@1."""
-    temperature: float = 1.0
+    temperature: float = Field(1.0, gt=0.0)
     """Sampling temperature of the sampled pass@1."""
 
 
 class TrackingSection(Section):
     tensorboard: bool = True
     """Write TensorBoard events to RUN_DIR/tb."""
-    samples_every: int = 1
+    samples_every: int = Field(1, ge=0)
     """Write samples/step_N.jsonl every N steps (0 = never)."""
     progress: bool = True
     """Show a progress bar."""
@@ -308,18 +316,12 @@ class RunConfig(Section):
     tracking: TrackingSection = TrackingSection()
 
     @model_validator(mode="after")
-    def _known_names(self) -> RunConfig:
-        """Registry names are checked here, so a typo fails before the run directory is touched."""
-        from tempering.algos import ADVANTAGE_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES
-        from tempering.rewards import REWARD_COMPONENTS
+    def _check_names(self) -> RunConfig:
+        """Registry names, user code, reward params and cross-field rules are checked here, so a mistake fails
+        at load time, before the run directory is touched (see `tempering.config_checks`)."""
+        from tempering.config_checks import check_config
 
-        checks = [("algo.estimator", self.algo.estimator, ADVANTAGE_ESTIMATORS),
-                  ("algo.policy_loss", self.algo.policy_loss, POLICY_LOSSES),
-                  ("algo.loss_agg", self.algo.loss_agg, LOSS_AGGREGATIONS)]
-        checks += [("reward.weights", name, REWARD_COMPONENTS) for name in self.reward.weights]
-        for key, name, registry in checks:
-            if name not in registry and not (":" in name and key != "algo.loss_agg"):
-                raise ValueError(f"{key}: unknown name '{name}'; valid: {', '.join(registry)}")
+        check_config(self)
         return self
 
     def to_yaml(self) -> str:

@@ -283,5 +283,5 @@ def env_context(cfg: RunConfig, sandbox: Sandbox | None, needs: set[str] = froze
     """What the environments of a run get: the sandbox, `env.*`, the reward-hacking guard settings and what
     the reward components need from an execution (`RewardFunction.needs`)."""
     e, r = cfg.env, cfg.reward
-    options = {"guards": r.guards, "guard_kinds": r.guard_kinds, "needs": set(needs), **e.options}
+    options = {"guards": r.guards, "guard_kinds": r.guard_kinds, "needs": set(needs), **e.options.model_dump()}
     return EnvContext(sandbox=sandbox, max_turns=e.max_turns, feedback_chars=e.feedback_chars, options=options)

@@ -1,8 +1,11 @@
 """The stages of a run: prepare -> SFT warm-up -> held-out eval -> RL -> held-out eval -> summary.
 
 Each stage leaves a marker in the run directory, so `tempering train` on an interrupted run skips what is
-done and resumes the RL loop from its newest valid checkpoint. Everything that can fail on bad input
-(config, task files, model path) is checked before anything is written.
+done and resumes the RL loop from its newest valid checkpoint. A stage whose input changed is redone: the
+held-out evaluation after RL names the checkpoint step it evaluated and is recomputed when RL has gone
+further (more `train.steps`, or a run that `train.max_time_s` stopped early and that was continued).
+Everything that can fail on bad input (config, task files, model path, a sandbox service that is down, a
+config that differs from the one the run directory was made with) is checked before anything is written.
 """
 
 from __future__ import annotations
@@ -19,10 +22,11 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from tempering import config_history
 from tempering.config import RunConfig
 from tempering.data import MixtureSampler, generate_tasks, load_tasks, save_tasks, split_stages
 from tempering.envs.tools import tool_declarations
-from tempering.errors import ConfigError
+from tempering.errors import ConfigError, SandboxError
 from tempering.eval.evaluate import EvalReport, evaluate, evaluate_episodes
 from tempering.loop import RLTrainer, env_context, is_episodic
 from tempering.models.loading import (
@@ -61,6 +65,8 @@ class Workspace:
     console: Console
     episodic: bool = False
     """RL runs through the environments (multi-turn driver); SFT then learns from transcripts."""
+    allow_config_change: bool = False
+    """`--allow-config-change`: a resumed run may change keys outside `config_history.MUTABLE`."""
     _transcripts: list[tuple[Task, Transcript]] | None = None
 
     def log(self, message: str) -> None:
@@ -77,17 +83,21 @@ class Workspace:
         return self._transcripts
 
 
-def prepare(cfg: RunConfig, console: Console | None = None) -> Workspace:
-    """Validate the inputs, then create the run directory and write the resolved config."""
+def prepare(cfg: RunConfig, console: Console | None = None, allow_config_change: bool = False) -> Workspace:
+    """Validate the inputs, then create the run directory and write the resolved config.
+
+    On an existing run directory, a config that differs from the recorded one outside
+    `config_history.MUTABLE` is refused unless `allow_config_change`; every change is recorded."""
     console = console or Console(stderr=True)
     run_dir = Path(cfg.run.dir)
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(f"run.dir '{run_dir}' exists and is not a directory")
+    change = config_history.check_resume(run_dir, cfg, allow_config_change)
     if cfg.model.path:
         check_model_dir(cfg.model.path)
     cfg.run.device = resolve_device(cfg.run.device)
-    if cfg.algo.ppo_epochs < 1 or cfg.algo.minibatches < 1 or cfg.rollout.group_size < 1:
-        raise ConfigError("algo.ppo_epochs, algo.minibatches and rollout.group_size must be at least 1")
+    check_sandbox_url(cfg)
+    _check_outside_inputs(cfg)
     train = load_tasks(cfg.data.train_file) if cfg.data.train_file else None
     heldout = load_tasks(cfg.data.heldout_file) if cfg.data.heldout_file else None
     run_dir_data = run_dir / "data" / "heldout.jsonl"
@@ -112,12 +122,18 @@ def prepare(cfg: RunConfig, console: Console | None = None) -> Workspace:
     torch.set_num_threads(cfg.run.threads)
 
     run_dir.mkdir(parents=True, exist_ok=True)
+    if change is not None:
+        entry = config_history.record(run_dir, change, allow_config_change)
+        how = "accepted with --allow-config-change" if change.forced else "allowed on resume"
+        console.print(f"config changed ({how}): {change.describe()}; previous config kept in "
+                      f"{run_dir / entry['previous_config']}")
     (run_dir / "config.yaml").write_text(cfg.to_yaml())
     data_dir = run_dir / "data"
     if not (data_dir / "heldout.jsonl").exists():
         save_tasks(train, data_dir / "train.jsonl")
         save_tasks(heldout, data_dir / "heldout.jsonl")
-    return Workspace(cfg, run_dir, train, heldout, sft, rl, console, episodic=is_episodic(cfg, rl))
+    return Workspace(cfg, run_dir, train, heldout, sft, rl, console, episodic=is_episodic(cfg, rl),
+                     allow_config_change=allow_config_change)
 
 
 def builtin_tasks(cfg: RunConfig) -> tuple[list[Task], list[Task]]:
@@ -147,6 +163,35 @@ def _check_disjoint(train: list[Task], heldout: list[Task]) -> None:
     overlap = {t.prompt for t in train} & {t.prompt for t in heldout}
     if overlap:
         raise ConfigError(f"{len(overlap)} held-out task prompt(s) also appear among the training tasks")
+
+
+def check_sandbox_url(cfg: RunConfig, timeout_s: float = 5.0) -> None:
+    """A `sandbox.url` whose /health does not answer within a few seconds fails now, before anything is
+    written (make_sandbox asks again, with the client's full retries, when the sandbox is opened)."""
+    if not cfg.sandbox.url:
+        return
+    probe = RemoteSandbox(cfg.sandbox.url, timeout_s=timeout_s, retries=1, backoff_s=0.2)
+    try:
+        probe.health()
+    except SandboxError as e:
+        raise ConfigError(f"sandbox.url: {' '.join(str(e).split())}") from None
+    except ValueError:  # a 200 that is not JSON: some other server
+        raise ConfigError(f"sandbox.url: {cfg.sandbox.url}/health did not answer as a tempering sandbox service "
+                          "(`tempering sandbox serve`)") from None
+    finally:
+        probe.close()
+
+
+def _check_outside_inputs(cfg: RunConfig) -> None:
+    """Names of things outside the config that are otherwise first used after SFT: the interpreter that
+    runs programs, the checkpoint store's URL scheme (no network: the store is only parsed)."""
+    python = cfg.sandbox.python
+    if python and not cfg.sandbox.url and not shutil.which(python):
+        raise ConfigError(f"sandbox.python: '{python}' is not an executable (a path, or a name on PATH)")
+    if cfg.checkpoint.uri:
+        from tempering.checkpoint import RemoteStore
+
+        RemoteStore(cfg.checkpoint.uri, cfg.checkpoint.storage)  # an unknown scheme or missing driver fails here
 
 
 def make_sandbox(cfg: RunConfig) -> Sandbox:
@@ -230,11 +275,33 @@ def sft_stage(ws: Workspace, start: Path, sandbox: Sandbox | None = None) -> Pat
     return out / "model"
 
 
-def heldout_eval(ws: Workspace, model_dir: Path, sandbox: Sandbox, name: str) -> dict[str, Any]:
-    """Sampled (T = eval.temperature, eval.samples per task) and greedy pass@1 on all held-out tasks."""
+def eval_key(ws: Workspace, model_dir: Path, step: int | None) -> dict[str, Any]:
+    """What a held-out evaluation depends on: the model (its directory and, after RL, the checkpoint step)
+    and the settings that shape the numbers. A stored result is reused only when its key is equal."""
+    cfg = ws.cfg
+    model = model_dir.resolve()
+    run_dir = ws.run_dir.resolve()
+    return {"model": str(model.relative_to(run_dir)) if model.is_relative_to(run_dir) else str(model),
+            "step": step, "heldout_tasks": len(ws.heldout_tasks), "samples": cfg.eval.samples,
+            "temperature": cfg.eval.temperature, "max_new_tokens": cfg.rollout.max_new_tokens,
+            "episodic": ws.episodic, "max_turns": cfg.env.max_turns if ws.episodic else None}
+
+
+def heldout_eval(ws: Workspace, model_dir: Path, sandbox: Sandbox, name: str,
+                 step: int | None = None) -> dict[str, Any]:
+    """Sampled (T = eval.temperature, eval.samples per task) and greedy pass@1 on all held-out tasks.
+
+    The result (RUN_DIR/<name>.json) records what it evaluated (`eval_key`: the model and, after RL, the
+    checkpoint step); an existing one is reused only for the same key, so a run that went on training is
+    evaluated again instead of reporting a model that no longer exists."""
     path = ws.run_dir / f"{name}.json"
+    key = eval_key(ws, model_dir, step)
     if path.is_file():
-        return json.loads(path.read_text())
+        stored = json.loads(path.read_text())
+        if stored.get("evaluated") == key:
+            return stored
+        was = (stored.get("evaluated") or {}).get("model", "an unrecorded model")
+        ws.log(f"{name}.json evaluated {was} with other settings or another model; evaluating {key['model']}")
     cfg = ws.cfg
     began = time.perf_counter()
     model = load_model(model_dir, dtype=cfg.model.dtype, device=cfg.run.device)
@@ -251,7 +318,8 @@ def heldout_eval(ws: Workspace, model_dir: Path, sandbox: Sandbox, name: str) ->
         sampled = evaluate(model, tokenizer, ws.heldout_tasks, sandbox, samples=cfg.eval.samples, ks=(1,),
                            temperature=cfg.eval.temperature, seed=cfg.run.seed + 7, **kw)
         greedy = evaluate(model, tokenizer, ws.heldout_tasks, sandbox, greedy=True, **kw)
-    result = {"sampled": _strip(sampled), "greedy": _strip(greedy), "wall_time_s": time.perf_counter() - began}
+    result = {"evaluated": key, "sampled": _strip(sampled), "greedy": _strip(greedy),
+              "wall_time_s": time.perf_counter() - began}
     _write_json(path, result)
     return result
 
@@ -262,9 +330,12 @@ def _strip(report: EvalReport) -> dict[str, Any]:
     return data
 
 
-def rl_stage(ws: Workspace, start: Path, sandbox: Sandbox) -> Path:
+def rl_stage(ws: Workspace, start: Path, sandbox: Sandbox) -> tuple[Path, int]:
+    """RL from the newest checkpoint (or `start`) to `train.steps` or `train.max_time_s`.
+    -> (the final checkpoint's model directory, its step)"""
     cfg = ws.cfg
-    trainer = RLTrainer(cfg, ws.run_dir, ws.rl_tasks, ws.heldout_tasks, start, log=ws.log)
+    trainer = RLTrainer(cfg, ws.run_dir, ws.rl_tasks, ws.heldout_tasks, start, log=ws.log,
+                        allow_config_change=ws.allow_config_change)
     last = trainer.start_step
     try:
         if trainer.start_step < cfg.train.steps:
@@ -281,16 +352,16 @@ def rl_stage(ws: Workspace, start: Path, sandbox: Sandbox) -> Path:
     if not final.is_dir():  # e.g. the last save failed: write it now, synchronously
         trainer.saver.asynchronous = False
         trainer.save(last)
-    return final / "model"
+    return final / "model", last
 
 
 # ------------------------------------------------------------------------------------------- train
 
 
-def train(cfg: RunConfig, console: Console | None = None) -> dict[str, Any]:
+def train(cfg: RunConfig, console: Console | None = None, allow_config_change: bool = False) -> dict[str, Any]:
     """The whole recipe; returns summary.json's content."""
     began = time.perf_counter()
-    ws = prepare(cfg, console)
+    ws = prepare(cfg, console, allow_config_change)
     ws.log(f"run directory: {ws.run_dir}  ({len(ws.sft_tasks)} SFT tasks, {len(ws.rl_tasks)} RL tasks, "
            f"{len(ws.heldout_tasks)} held-out)")
     sandbox = make_sandbox(cfg)
@@ -300,8 +371,8 @@ def train(cfg: RunConfig, console: Console | None = None) -> dict[str, Any]:
         before = heldout_eval(ws, start, sandbox, "eval_before")
         ws.log(f"held-out pass@1 before RL: sampled {before['sampled']['overall']['pass@1']:.1%}, "
                f"greedy {before['greedy']['overall']['pass@1']:.1%}")
-        final = rl_stage(ws, start, sandbox)
-        after = heldout_eval(ws, final, sandbox, "eval_after")
+        final, last_step = rl_stage(ws, start, sandbox)
+        after = heldout_eval(ws, final, sandbox, "eval_after", step=last_step)
     finally:
         sandbox.close()
     summary = write_summary(ws, before, after, time.perf_counter() - began)
@@ -327,6 +398,8 @@ def write_summary(ws: Workspace, before: dict, after: dict, wall_time_s: float) 
         "per_domain_before": {d: v["pass@1"] for d, v in before["sampled"]["per_domain"].items()},
         "per_domain_after": {d: v["pass@1"] for d, v in after["sampled"]["per_domain"].items()},
         "rl_steps": len(rows),
+        "rl_step_evaluated": after.get("evaluated", {}).get("step"),
+        "rl_steps_planned": ws.cfg.train.steps,
         "wall_time_s": wall_time_s,
         "wall_time_split_s": {
             "sft": json.loads(sft_done.read_text())["wall_time_s"] if sft_done.is_file() else 0.0,
@@ -335,6 +408,9 @@ def write_summary(ws: Workspace, before: dict, after: dict, wall_time_s: float) 
             "eval_after": after["wall_time_s"],
         },
     }
+    history = config_history.read_history(ws.run_dir)
+    if history:
+        summary["config_changes"] = history
     _write_json(ws.run_dir / "summary.json", summary)
     val_before = {"val/pass@1": summary["heldout_pass@1_before"],
                   "val/greedy_pass@1": summary["heldout_greedy_pass@1_before"]}
@@ -357,3 +433,7 @@ def print_summary(console: Console, summary: dict[str, Any]) -> None:
                   f"{summary['heldout_greedy_pass@1_after']:.1%}")
     console.print(table)
     console.print(f"wall time {summary['wall_time_s']:.0f} s")
+    evaluated, planned = summary.get("rl_step_evaluated"), summary.get("rl_steps_planned")
+    if evaluated is not None and planned is not None and evaluated < planned:
+        console.print(f"RL stopped at step {evaluated} of {planned} (train.max_time_s); run the same command "
+                      "again to continue (the evaluation after RL is then redone)")

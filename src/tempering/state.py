@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from tempering import checkpoint as ckpt
+from tempering import config_history
 from tempering.algos import KLController
 from tempering.config import RunConfig
 from tempering.data import MixtureSampler, TaskSampler
@@ -43,12 +44,18 @@ class TrainState:
 
     @classmethod
     def build_or_resume(cls, cfg: RunConfig, run_dir: Path, train_tasks: list[Task], start_model_dir: Path,
-                        *, needs_critic: bool, log=print) -> TrainState:
+                        *, needs_critic: bool, allow_config_change: bool = False, log=print) -> TrainState:
         algo, c = cfg.algo, cfg.checkpoint
         remote = ckpt.RemoteStore(c.uri, c.storage, retries=c.upload_retries, backoff_s=c.retry_backoff_s,
                                   log=log) if c.uri else None
         checkpoints = run_dir / "checkpoints"
         latest = ckpt.resume_point(checkpoints, remote, log)
+        if latest is not None:  # e.g. a checkpoint from `checkpoint.uri`, saved under another config
+            change = config_history.check_checkpoint(run_dir, latest.path, cfg, allow_config_change)
+            if change is not None:
+                config_history.record(run_dir, change, allow_config_change)
+                log(f"config differs from checkpoint {latest.path.name} (accepted with --allow-config-change): "
+                    f"{change.describe(change.forced)}")
         saver = ckpt.Saver(checkpoints, keep=c.keep, keep_every=c.keep_every, remote=remote,
                            asynchronous=c.async_save, log=log)
         model_dir = latest.model_dir if latest else start_model_dir

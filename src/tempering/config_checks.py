@@ -1,0 +1,144 @@
+"""Checks of a `RunConfig` that need code or span fields, run by its validator at load time.
+
+Range checks live on the fields themselves (`Field(ge=..)`); what is here needs more than one value or an
+import: registry names, user functions named as `package.module:function` (imported now and called with
+the arguments the run will pass, as a signature check), `reward.params` against the components'
+keyword parameters, the names in `env.weights`. Each failure is a ValueError whose message starts with
+the key, which `load_config` turns into a one-line ConfigError - before the run directory is touched.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from tempering.errors import ConfigError
+from tempering.registry import check_call, load_callable
+
+if TYPE_CHECKING:
+    from tempering.config import RunConfig
+
+_ARG = object()
+"""Stands in for a tensor / task / trajectory: signature checks bind arguments, they never call."""
+
+
+def check_config(cfg: RunConfig) -> None:
+    _check_algo(cfg)
+    _check_rewards(cfg)
+    _check_env(cfg)
+    _check_cross_fields(cfg)
+
+
+def _user_function(key: str, spec: str, what: str, *args: Any, **kwargs: Any) -> Any:
+    """Import `package.module:function` and check it takes the run's call; errors name the key."""
+    fn = _import(key, spec, what)
+    try:
+        check_call(fn, spec, what, *args, **kwargs)
+    except ConfigError as e:
+        raise ValueError(f"{key}: {e}") from None
+    return fn
+
+
+def _import(key: str, spec: str, what: str) -> Any:
+    try:
+        return load_callable(spec, what)
+    except ConfigError as e:
+        raise ValueError(f"{key}: {e}") from None
+
+
+def _known(key: str, name: str, registry: dict[str, Any]) -> bool:
+    """True for a registry name, False for user code (`a:b`); a ValueError listing the valid names otherwise."""
+    if name in registry:
+        return True
+    if ":" in name:
+        return False
+    raise ValueError(f"{key}: unknown name '{name}'; valid: {', '.join(registry)} (or 'package.module:function')")
+
+
+def _check_algo(cfg: RunConfig) -> None:
+    from tempering.algos import ADVANTAGE_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES
+
+    a = cfg.algo
+    if not _known("algo.estimator", a.estimator, ADVANTAGE_ESTIMATORS):
+        # The call of loop.RLTrainer.step (docs/algorithms.md, "Advantage estimators").
+        _user_function("algo.estimator", a.estimator, "advantage estimator", _ARG, _ARG, _ARG, values=None,
+                       token_rewards=None, scale_by_std=a.scale_by_std, gamma=a.gamma, lam=a.lam)
+    if not _known("algo.policy_loss", a.policy_loss, POLICY_LOSSES):
+        # The call of training.update.update_policy.
+        _user_function("algo.policy_loss", a.policy_loss, "policy loss", _ARG, _ARG, _ARG, _ARG,
+                       clip_ratio=a.clip_ratio, clip_ratio_low=a.clip_ratio_low, clip_ratio_high=a.clip_ratio_high,
+                       clip_ratio_c=a.clip_ratio_c, loss_agg=a.loss_agg, norm_length=1)
+    if a.loss_agg not in LOSS_AGGREGATIONS:
+        raise ValueError(f"algo.loss_agg: unknown name '{a.loss_agg}'; valid: {', '.join(LOSS_AGGREGATIONS)}")
+
+
+def _check_rewards(cfg: RunConfig) -> None:
+    from tempering.rewards import REWARD_COMPONENTS
+    from tempering.rewards.guards import GUARDS
+    from tempering.types import Task
+
+    r = cfg.reward
+    if not r.weights:
+        raise ValueError("reward.weights: empty; name at least one component, e.g. {tests: 1.0}")
+    unknown = sorted(set(r.params) - set(r.weights))
+    if unknown:
+        raise ValueError(f"reward.params: {', '.join(unknown)} not in reward.weights ({', '.join(r.weights)})")
+    for name in r.weights:
+        key = f"reward.weights.{name}"
+        params = r.params.get(name, {})
+        if name.startswith("trl:"):
+            # A TRL batch function gets the prompts, the completions and one column per task field.
+            columns = {field: [] for field in Task.model_fields if field != "prompt"}
+            _user_function(key, name[4:], "TRL reward function", prompts=[], completions=[], **columns)
+            if params:
+                raise ValueError(f"reward.params.{name}: a TRL reward function takes no params (it gets the "
+                                 "task fields as columns)")
+            continue
+        known = _known("reward.weights", name, REWARD_COMPONENTS)
+        fn = REWARD_COMPONENTS[name] if known else _import(key, name, "reward component")
+        try:  # the call of RewardFunction.batch: fn(task, trajectory, **reward.params[name])
+            check_call(fn, name, "reward component", _ARG, _ARG, **params)
+        except ConfigError as e:
+            problem = _unknown_params(fn, params)
+            raise ValueError(f"reward.params.{name}: {problem}" if problem else f"{key}: {e}") from None
+    kinds = r.guard_kinds or []
+    bad = [k for k in kinds if k not in GUARDS]
+    if bad:
+        raise ValueError(f"reward.guard_kinds: unknown guard(s) {', '.join(bad)}; valid: {', '.join(GUARDS)}")
+    if r.step_fn is not None:
+        # RewardFunction.step_rewards / rollout.episodes.episode_rewards: fn(task, steps).
+        _user_function("reward.step_fn", r.step_fn, "step reward function", _ARG, [])
+
+
+def _unknown_params(fn: Any, params: dict[str, Any]) -> str | None:
+    """'unknown parameter(s) x; accepted: a, b' when `params` names what `fn` does not take, else None."""
+    import inspect
+
+    parameters = list(inspect.signature(fn).parameters.values())[2:]  # after (task, trajectory)
+    if any(p.kind == p.VAR_KEYWORD for p in parameters):
+        return None
+    accepted = [p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    unknown = [k for k in params if k not in accepted]
+    if not unknown:
+        return None
+    return f"unknown parameter(s) {', '.join(unknown)}; accepted: {', '.join(accepted) or 'none'}"
+
+
+def _check_env(cfg: RunConfig) -> None:
+    from tempering.envs import ENVIRONMENTS
+
+    # The reward components the environments emit: their default weights name every one of them.
+    components = sorted({name for env in ENVIRONMENTS.values() for name in env.default_weights})
+    bad = [k for k in cfg.env.weights if k not in components]
+    if bad:
+        raise ValueError(f"env.weights: unknown component(s) {', '.join(bad)}; valid: {', '.join(components)}")
+
+
+def _check_cross_fields(cfg: RunConfig) -> None:
+    a, m = cfg.algo, cfg.model
+    if a.kl_target is not None and a.kl_coef == 0:
+        raise ValueError("algo.kl_target: adaptive KL needs a starting algo.kl_coef > 0 (0 turns the KL term off)")
+    if m.path is None and m.hidden_size % m.num_heads:
+        raise ValueError(f"model.hidden_size: {m.hidden_size} is not divisible by model.num_heads ({m.num_heads})")
+    url = cfg.sandbox.url
+    if url is not None and not url.startswith(("http://", "https://")):
+        raise ValueError(f"sandbox.url: '{url}' is not an http:// or https:// URL")

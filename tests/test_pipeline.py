@@ -1,0 +1,64 @@
+"""`pipeline.prepare`: inputs outside the config that used to fail only after SFT fail before the run
+directory exists."""
+
+import socket
+
+import pytest
+
+from tempering.config import build_config
+from tempering.errors import TemperingError
+from tempering.pipeline import prepare
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("override, message", [
+    ("sandbox.python=/nonexistent/python3", "sandbox.python: '/nonexistent/python3' is not an executable"),
+    ("checkpoint.uri=nosuch://bucket/run", "checkpoint.uri 'nosuch://bucket/run'"),
+    (f"sandbox.url=http://127.0.0.1:{_closed_port()}", "sandbox.url: sandbox service at http://127.0.0.1:"),
+])
+def test_outside_inputs_fail_before_the_run_directory_exists(tmp_path, override, message):
+    run_dir = tmp_path / "run"
+    with pytest.raises(TemperingError, match=message) as e:
+        prepare(build_config({}, [f"run.dir={run_dir}", override]))
+    assert "\n" not in str(e.value)
+    assert not run_dir.exists()
+
+
+def _http_server(body: bytes):
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}"
+
+
+def test_sandbox_url_is_asked_for_its_health_before_anything_is_written(tmp_path):
+    server, url = _http_server(b"<html>some other server</html>")
+    try:
+        with pytest.raises(TemperingError, match="sandbox.url: .* did not answer as a tempering sandbox service"):
+            prepare(build_config({}, [f"run.dir={tmp_path / 'run'}", f"sandbox.url={url}"]))
+    finally:
+        server.shutdown()
+    assert not (tmp_path / "run").exists()
+    server, url = _http_server(b'{"status": "ok"}')  # a healthy service: prepare goes on and writes the run
+    try:
+        ws = prepare(build_config({}, [f"run.dir={tmp_path / 'run'}", f"sandbox.url={url}", "data.num_train=40",
+                                       "data.num_heldout=4"]))
+    finally:
+        server.shutdown()
+    assert (ws.run_dir / "config.yaml").is_file()
