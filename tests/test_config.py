@@ -110,7 +110,8 @@ BAD_VALUES = [
     ({"algo": {"clip_ratio_c": 0.5}}, "'algo.clip_ratio_c'"),
     ({"rollout": {"prompts_per_step": 0}}, "'rollout.prompts_per_step'"),
     ({"env": {"max_context": -1}}, "'env.max_context'"),
-    ({"env": {"weights": {"test": 1.0}}}, r"env.weights: unknown component\(s\) test; valid: .*tests"),
+    ({"reward": {"weights": {"improvement": 1.0}, "params": {"improvement": {"x": 1}}}},
+     "reward.params.improvement: an environment component takes no params"),
     ({"env": {"options": {"flaky_failure_rat": 0.5}}}, "'env.options.flaky_failure_rat'.*flaky_failure_rate"),
     ({"env": {"options": {"flaky_failure_rate": 1.5}}}, "'env.options.flaky_failure_rate'"),
     # The audit: sizes that must be positive, probabilities and fractions in [0, 1], cross-field rules.
@@ -172,10 +173,10 @@ def test_user_functions_that_fit_are_accepted():
     """`package.module:function` names that import and take the run's call pass (checked, not just parsed)."""
     cfg = build_config({
         "algo": {"estimator": "tempering.algos.advantages:grpo", "policy_loss": "tempering.algos.losses:vanilla_pg_loss"},
-        "reward": {"weights": {"tempering.rewards:tests_passed": 1.0, "overlong": 0.5},
+        "reward": {"weights": {"tempering.rewards:tests_passed": 1.0, "overlong": 0.5, "tool_error": -0.5},
                    "params": {"tempering.rewards:tests_passed": {"edge_weight": 2.0}, "overlong": {"max_tokens": 8}},
                    "step_fn": "tests.test_config:step_scores"},
-        "env": {"weights": {"tests": 1.0, "tool_error": -0.5}, "options": {"flaky_failure_rate": 0.25}},
+        "env": {"options": {"flaky_failure_rate": 0.25}},
     })
     assert cfg.env.options.flaky_failure_rate == 0.25 and cfg.reward.step_fn == "tests.test_config:step_scores"
 

@@ -123,18 +123,12 @@ class EnvOptionsSection(Section):
 class EnvSection(Section):
     max_turns: int = Field(1, ge=1)
     """Actions per episode: more than 1 feeds execution results back and lets the model revise."""
-    episodes: bool | None = None
-    """Run RL through the environment / multi-turn driver. None = when max_turns > 1 or a task's env is
-    not `code`; single-turn code tasks otherwise use the code rollout with `reward.weights`."""
     max_context: int = Field(1024, ge=1)
     """Context budget of an episode in tokens (prompt, actions and observations); reaching it ends the
     episode, marked truncated."""
     feedback_chars: int = Field(400, ge=64)
     """Longest observation text (feedback, tool output); longer is cut to its head and tail (at least 64,
     room for the cut marker)."""
-    weights: dict[str, float] = {}
-    """Weights of environment reward components (default: each environment's own, e.g. code: tests 1.0,
-    improvement 0.2, hacking -1.0; tool: success 1.0, tool_error -0.1)."""
     options: EnvOptionsSection = EnvOptionsSection()
     """Environment options, e.g. {flaky_failure_rate: 0.5, flaky_max_failures: 2}."""
     chat_format: Literal["auto", "plain", "template"] = "auto"
@@ -213,9 +207,12 @@ class AlgoSection(Section):
 
 
 class RewardSection(Section):
-    weights: dict[str, float] = {"tests": 1.0, "format": 0.1}
-    """Reward components and their weights: tests, format, style, efficiency, edge_cases, overlong, examples,
-    `package.module:function`, or `trl:package.module:function` (see `tempering.rewards`)."""
+    weights: dict[str, float] | None = None
+    """Reward components and their weights, for every environment: reward functions computed on an episode's
+    final attempt (tests, format, style, efficiency, edge_cases, overlong, examples, `package.module:function`,
+    `trl:package.module:function`; see `tempering.rewards`) and the environments' own components (code:
+    improvement; tool: success, tool_error; answer / reasoning_gym: correct). Unset = each environment's
+    defaults (code: tests 1.0, format 0.1; tool: success 1.0, tool_error -0.1; answer: correct 1.0)."""
     params: dict[str, dict[str, Any]] = {}
     """Keyword arguments per component, e.g. {tests: {edge_weight: 2.0}, overlong: {max_tokens: 48}}."""
     guards: bool = True

@@ -3,7 +3,7 @@
 Range checks live on the fields themselves (`Field(ge=..)`); what is here needs more than one value or an
 import: registry names, user functions named as `package.module:function` (imported now and called with
 the arguments the run will pass, as a signature check), `reward.params` against the components'
-keyword parameters, the names in `env.weights`. Each failure is a ValueError whose message starts with
+keyword parameters, environment component names in `reward.weights`. Each failure is a ValueError whose message starts with
 the key, which `load_config` turns into a one-line ConfigError - before the run directory is touched.
 """
 
@@ -24,7 +24,6 @@ _ARG = object()
 def check_config(cfg: RunConfig) -> None:
     _check_algo(cfg)
     _check_rewards(cfg)
-    _check_env(cfg)
     _check_cross_fields(cfg)
 
 
@@ -76,13 +75,22 @@ def _check_rewards(cfg: RunConfig) -> None:
     from tempering.rewards.guards import GUARDS
     from tempering.types import Task
 
+    from tempering.envs import ENVIRONMENTS
+
     r = cfg.reward
-    if not r.weights:
+    if r.weights is not None and not r.weights:
         raise ValueError("reward.weights: empty; name at least one component, e.g. {tests: 1.0}")
-    unknown = sorted(set(r.params) - set(r.weights))
+    weights = r.weights if r.weights is not None else {
+        name: 1.0 for env in ENVIRONMENTS.values() for name in env.default_weights}
+    unknown = sorted(set(r.params) - set(weights))
     if unknown:
-        raise ValueError(f"reward.params: {', '.join(unknown)} not in reward.weights ({', '.join(r.weights)})")
-    for name in r.weights:
+        raise ValueError(f"reward.params: {', '.join(unknown)} not in reward.weights ({', '.join(weights)})")
+    env_components = {name for env in ENVIRONMENTS.values() for name in env.components}
+    for name in weights:
+        if name in env_components and name not in REWARD_COMPONENTS:
+            if r.params.get(name):
+                raise ValueError(f"reward.params.{name}: an environment component takes no params")
+            continue
         key = f"reward.weights.{name}"
         params = r.params.get(name, {})
         if name.startswith("trl:"):
@@ -93,9 +101,9 @@ def _check_rewards(cfg: RunConfig) -> None:
                 raise ValueError(f"reward.params.{name}: a TRL reward function takes no params (it gets the "
                                  "task fields as columns)")
             continue
-        known = _known("reward.weights", name, REWARD_COMPONENTS)
+        known = _known("reward.weights", name, {**REWARD_COMPONENTS, **dict.fromkeys(env_components)})
         fn = REWARD_COMPONENTS[name] if known else _import(key, name, "reward component")
-        try:  # the call of RewardFunction.batch: fn(task, trajectory, **reward.params[name])
+        try:  # the call of RewardFunction.components: fn(task, trajectory, **reward.params[name])
             check_call(fn, name, "reward component", _ARG, _ARG, **params)
         except ConfigError as e:
             problem = _unknown_params(fn, params)
@@ -105,7 +113,7 @@ def _check_rewards(cfg: RunConfig) -> None:
     if bad:
         raise ValueError(f"reward.guard_kinds: unknown guard(s) {', '.join(bad)}; valid: {', '.join(GUARDS)}")
     if r.step_fn is not None:
-        # RewardFunction.step_rewards / rollout.episodes.episode_rewards: fn(task, steps).
+        # RewardFunction.step_scores: fn(task, steps).
         _user_function("reward.step_fn", r.step_fn, "step reward function", _ARG, [])
 
 
@@ -121,16 +129,6 @@ def _unknown_params(fn: Any, params: dict[str, Any]) -> str | None:
     if not unknown:
         return None
     return f"unknown parameter(s) {', '.join(unknown)}; accepted: {', '.join(accepted) or 'none'}"
-
-
-def _check_env(cfg: RunConfig) -> None:
-    from tempering.envs import ENVIRONMENTS
-
-    # The reward components the environments emit: their default weights name every one of them.
-    components = sorted({name for env in ENVIRONMENTS.values() for name in env.default_weights})
-    bad = [k for k in cfg.env.weights if k not in components]
-    if bad:
-        raise ValueError(f"env.weights: unknown component(s) {', '.join(bad)}; valid: {', '.join(components)}")
 
 
 def _check_cross_fields(cfg: RunConfig) -> None:

@@ -27,8 +27,8 @@ from tempering.config import RunConfig
 from tempering.data import MixtureSampler, generate_tasks, load_tasks, save_tasks, split_stages
 from tempering.envs.tools import tool_declarations
 from tempering.errors import ConfigError, SandboxError
-from tempering.eval.evaluate import EvalReport, evaluate, evaluate_episodes
-from tempering.loop import RLTrainer, env_context, is_episodic
+from tempering.eval.evaluate import EvalReport, evaluate
+from tempering.loop import RLTrainer, env_context, needs_critic
 from tempering.models.loading import (
     build_tiny_model,
     check_model_dir,
@@ -40,10 +40,12 @@ from tempering.models.loading import (
 )
 from tempering.models.tokenizer import train_tokenizer
 from tempering.rollout.chat import chat_format
+from tempering.rollout.engine import LocalEngine, SamplingParams
 from tempering.sandbox import LocalSandbox, RemoteSandbox, Sandbox, SandboxLimits
+from tempering.state import TrainState
 from tempering.tracking import Tracker, read_metrics
 from tempering.tracking.plot import plot_run
-from tempering.training.sft import Transcript, encode_transcript, run_sft, sft_completion
+from tempering.training.sft import Transcript, encode_transcript, run_sft
 from tempering.training.transcripts import sft_transcripts, transcript_text
 from tempering.types import Task
 
@@ -63,8 +65,6 @@ class Workspace:
     sft_tasks: list[Task]
     rl_tasks: list[Task]
     console: Console
-    episodic: bool = False
-    """RL runs through the environments (multi-turn driver); SFT then learns from transcripts."""
     allow_config_change: bool = False
     """`--allow-config-change`: a resumed run may change keys outside `config_history.MUTABLE`."""
     _transcripts: list[tuple[Task, Transcript]] | None = None
@@ -132,8 +132,7 @@ def prepare(cfg: RunConfig, console: Console | None = None, allow_config_change:
     if not (data_dir / "heldout.jsonl").exists():
         save_tasks(train, data_dir / "train.jsonl")
         save_tasks(heldout, data_dir / "heldout.jsonl")
-    return Workspace(cfg, run_dir, train, heldout, sft, rl, console, episodic=is_episodic(cfg, rl),
-                     allow_config_change=allow_config_change)
+    return Workspace(cfg, run_dir, train, heldout, sft, rl, console, allow_config_change=allow_config_change)
 
 
 def builtin_tasks(cfg: RunConfig) -> tuple[list[Task], list[Task]]:
@@ -219,10 +218,7 @@ def base_model_dir(ws: Workspace, sandbox: Sandbox | None = None) -> Path:
     if not (base / "config.json").is_file():
         # Prompts of every training task, solutions only of SFT tasks: RL never sees a reference solution.
         sft_ids = {t.id for t in ws.sft_tasks}
-        if ws.episodic:
-            texts = [transcript_text(t, tr) for t, tr in ws.transcripts(sandbox)]
-        else:
-            texts = [t.prompt + sft_completion(t) for t in ws.sft_tasks]
+        texts = [transcript_text(t, tr) for t, tr in ws.transcripts(sandbox)]
         texts += [t.prompt for t in ws.rl_tasks if t.id not in sft_ids]
         tokenizer = train_tokenizer(texts, vocab_size=cfg.model.vocab_size)
         m = cfg.model
@@ -252,11 +248,9 @@ def sft_stage(ws: Workspace, start: Path, sandbox: Sandbox | None = None) -> Pat
     tokenizer = load_tokenizer(start)
     s = cfg.sft
     began = time.perf_counter()
-    examples = None
-    if ws.episodic:
-        fmt = chat_format(tokenizer, cfg.env.chat_format)
-        examples = [encode_transcript(fmt, t.prompt, tr, tool_declarations(t) if t.env == "tool" else None)
-                    for t, tr in ws.transcripts(sandbox)]
+    fmt = chat_format(tokenizer, cfg.env.chat_format)
+    examples = [encode_transcript(fmt, t.prompt, tr, tool_declarations(t) if t.env == "tool" else None)
+                for t, tr in ws.transcripts(sandbox)]
     with (out / "metrics.jsonl").open("w") as f:
         def on_step(step: int, row: dict[str, float]) -> None:
             f.write(json.dumps(row) + "\n")
@@ -284,7 +278,7 @@ def eval_key(ws: Workspace, model_dir: Path, step: int | None) -> dict[str, Any]
     return {"model": str(model.relative_to(run_dir)) if model.is_relative_to(run_dir) else str(model),
             "step": step, "heldout_tasks": len(ws.heldout_tasks), "samples": cfg.eval.samples,
             "temperature": cfg.eval.temperature, "max_new_tokens": cfg.rollout.max_new_tokens,
-            "episodic": ws.episodic, "max_turns": cfg.env.max_turns if ws.episodic else None}
+            "max_turns": cfg.env.max_turns}
 
 
 def heldout_eval(ws: Workspace, model_dir: Path, sandbox: Sandbox, name: str,
@@ -306,18 +300,11 @@ def heldout_eval(ws: Workspace, model_dir: Path, sandbox: Sandbox, name: str,
     began = time.perf_counter()
     model = load_model(model_dir, dtype=cfg.model.dtype, device=cfg.run.device)
     tokenizer = load_tokenizer(model_dir)
-    if ws.episodic:
-        kw = dict(max_new_tokens=cfg.rollout.max_new_tokens, max_context=cfg.env.max_context,
-                  chat=cfg.env.chat_format)
-        ctx = env_context(cfg, sandbox)
-        sampled = evaluate_episodes(model, tokenizer, ws.heldout_tasks, ctx, samples=cfg.eval.samples,
-                                    temperature=cfg.eval.temperature, seed=cfg.run.seed + 7, **kw)
-        greedy = evaluate_episodes(model, tokenizer, ws.heldout_tasks, ctx, greedy=True, **kw)
-    else:
-        kw = dict(max_new_tokens=cfg.rollout.max_new_tokens)
-        sampled = evaluate(model, tokenizer, ws.heldout_tasks, sandbox, samples=cfg.eval.samples, ks=(1,),
-                           temperature=cfg.eval.temperature, seed=cfg.run.seed + 7, **kw)
-        greedy = evaluate(model, tokenizer, ws.heldout_tasks, sandbox, greedy=True, **kw)
+    engine = LocalEngine(model, tokenizer, SamplingParams(cfg.eval.temperature, 1.0, cfg.rollout.max_new_tokens))
+    kw = dict(max_context=cfg.env.max_context, chat=cfg.env.chat_format)
+    ctx = env_context(cfg, sandbox)
+    sampled = evaluate(engine, ws.heldout_tasks, ctx, samples=cfg.eval.samples, seed=cfg.run.seed + 7, **kw)
+    greedy = evaluate(engine, ws.heldout_tasks, ctx, greedy=True, **kw)
     result = {"evaluated": key, "sampled": _strip(sampled), "greedy": _strip(greedy),
               "wall_time_s": time.perf_counter() - began}
     _write_json(path, result)
@@ -334,24 +321,24 @@ def rl_stage(ws: Workspace, start: Path, sandbox: Sandbox) -> tuple[Path, int]:
     """RL from the newest checkpoint (or `start`) to `train.steps` or `train.max_time_s`.
     -> (the final checkpoint's model directory, its step)"""
     cfg = ws.cfg
-    trainer = RLTrainer(cfg, ws.run_dir, ws.rl_tasks, ws.heldout_tasks, start, log=ws.log,
-                        allow_config_change=ws.allow_config_change)
-    last = trainer.start_step
+    state = TrainState.build_or_resume(cfg, ws.run_dir, ws.rl_tasks, start, needs_critic=needs_critic(cfg),
+                                       allow_config_change=ws.allow_config_change, log=ws.log)
+    last = state.step
     try:
-        if trainer.start_step < cfg.train.steps:
-            tracker = Tracker(ws.run_dir, start_step=trainer.start_step, total_steps=cfg.train.steps,
+        if state.step < cfg.train.steps:
+            tracker = Tracker(ws.run_dir, start_step=state.step, total_steps=cfg.train.steps,
                               tensorboard=cfg.tracking.tensorboard, progress=cfg.tracking.progress,
                               console=ws.console)
             try:
-                last = trainer.run(sandbox, tracker)
+                last = RLTrainer(cfg, state, ws.heldout_tasks, sandbox, log=ws.log).run(tracker)
             finally:
                 tracker.close()
     finally:
-        trainer.saver.close()
-    final = trainer.checkpoints / f"step_{last:06d}"
+        state.saver.close()
+    final = state.saver.root / f"step_{last:06d}"
     if not final.is_dir():  # e.g. the last save failed: write it now, synchronously
-        trainer.saver.asynchronous = False
-        trainer.save(last)
+        state.saver.asynchronous = False
+        state.save(last, cfg.to_yaml())
     return final / "model", last
 
 

@@ -21,7 +21,8 @@ def test_feedback_shows_failing_examples_but_never_hidden_expected_values(tasks,
     assert "hidden tests fail" in step.observation
     fixed = env.step(body + "\n")
     assert fixed.done and fixed.info["success"]
-    assert fixed.rewards["tests"] == 1.0 and fixed.rewards["improvement"] == 1.0 - step.rewards["tests"]
+    assert fixed.info["passed"] == 1.0 and fixed.rewards["improvement"] == 1.0 - step.info["passed"]
+    assert fixed.info["attempt"].exec_result.all_passed
 
 
 def test_an_exception_comes_back_as_its_last_line(tasks, sandbox):
@@ -37,7 +38,7 @@ def test_a_hacking_attempt_scores_nothing(tasks, sandbox):
     env = make_env(task, EnvContext(sandbox, max_turns=2))
     env.reset(task)
     step = env.step("    import os; os._exit(0)\n")
-    assert step.rewards["hacking"] == 1.0 and step.rewards["tests"] == 0.0
+    assert step.info["passed"] == 0.0 and step.rewards["improvement"] == 0.0
     assert step.info["hacking"] == ["exit_before_tests"]
 
 
@@ -77,13 +78,13 @@ def test_a_caught_attempt_that_passes_everything_is_rejected_not_a_crash(tasks):
     from tempering.types import ExecResult, TestResult
 
     class Forged:
-        def run_tests(self, task, program):
-            return ExecResult("ok", tests=[TestResult(f"t{i}", True) for i in range(len(task.tests))],
-                              flags=["patched_builtins"])
+        def run_tests_batch(self, items):
+            return [ExecResult("ok", tests=[TestResult(f"t{i}", True) for i in range(len(task.tests))],
+                               flags=["patched_builtins"]) for task, _ in items]
 
     task = tasks[0][0].model_copy(update={"examples": []})
     env = make_env(task, EnvContext(Forged(), max_turns=2))
     env.reset(task)
     step = env.step("    return 0\n")
     assert not step.done and step.observation == "# feedback: rejected (harness_tampering)\n"
-    assert step.rewards == {"tests": 0.0, "improvement": 0.0, "hacking": 1.0}
+    assert step.rewards == {"improvement": 0.0} and step.info["hacking"] == ["harness_tampering"]

@@ -97,7 +97,7 @@ def check_countdown(expression: str, numbers: list[int], target: int) -> tuple[b
 @register
 class AnswerEnv(Environment):
     kind = "answer"
-    outcome = frozenset({"correct"})
+    components = outcome = frozenset({"correct"})
     default_weights = {"correct": 1.0}
 
     def reset(self, task: Task) -> str:

@@ -53,8 +53,12 @@ class Environment(ABC):
     """One episode of one task. Instances are created by `make_env` and are not reused."""
 
     kind: ClassVar[str]
+    components: ClassVar[frozenset[str]] = frozenset()
+    """Every reward component its steps report (names `reward.weights` may use besides the reward functions)."""
     outcome: ClassVar[frozenset[str]] = frozenset()
+    """The components read from the final step only; the others are per-turn process rewards."""
     default_weights: ClassVar[dict[str, float]] = {}
+    """Weights when `reward.weights` is unset (may name reward functions too, e.g. the code env's `format`)."""
 
     def __init__(self, ctx: EnvContext, seed: int = 0):
         self.ctx, self.seed = ctx, seed

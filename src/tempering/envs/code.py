@@ -55,6 +55,7 @@ def program_of(task: Task, action: str) -> str:
 @register
 class CodeEnv(Environment):
     kind = "code"
+    components = frozenset({"improvement"})
     default_weights = {"tests": 1.0, "format": 0.1}
 
     def reset(self, task: Task) -> str:

@@ -341,6 +341,7 @@ class ToolEnv(Environment):
     """One tool-use episode: calls until an answer, or until `ctx.max_turns` actions have been taken."""
 
     kind = "tool"
+    components = frozenset({"success", "tool_error"})
     outcome = frozenset({"success"})
     default_weights = {"success": 1.0, "tool_error": -0.1}
 
