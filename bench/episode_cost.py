@@ -20,13 +20,28 @@ from tempering.algos import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
 from tempering.data import generate_tasks, load_tasks
 from tempering.envs import EnvContext
 from tempering.models.loading import load_model, load_tokenizer
-from tempering.rollout import generate as generation
-from tempering.rollout.episodes import collate_episodes, episode_rewards, run_episodes
+from tempering.rewards import RewardFunction
+from tempering.rollout.batch import collate
+from tempering.rollout.engine import LocalEngine, SamplingParams
+from tempering.rollout.episodes import run_episodes
 from tempering.sandbox import LocalSandbox
 from tempering.training.optim import make_optimizer
 from tempering.training.update import update_policy
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+class TimedEngine(LocalEngine):
+    """The in-process engine, noting each generation call: rows x longest context -> seconds."""
+
+    calls: list[str]
+
+    def generate(self, contexts, **kw):
+        self.calls = getattr(self, "calls", [])
+        start = time.perf_counter()
+        gen = super().generate(contexts, **kw)
+        self.calls.append(f"{len(contexts)}x{max(len(c) for c in contexts)}->{time.perf_counter() - start:.2f}")
+        return gen
 
 
 def main() -> None:
@@ -42,20 +57,13 @@ def main() -> None:
           f"{'policy tok':>10} {'attended':>8}")
     with LocalSandbox(workers=2) as sandbox:
         for turns in (1, 3):
-            calls: list[str] = []
-
-            def timed(*a, calls=calls, **kw):
-                start = time.perf_counter()
-                gen = generation.generate(*a, **kw)
-                calls.append(f"{len(a[2])}x{max(len(p) for p in a[2])}->{time.perf_counter() - start:.2f}")
-                return gen
-
+            engine = TimedEngine(model, tokenizer, SamplingParams(max_new_tokens=48))
             ctx = EnvContext(sandbox, max_turns=turns, feedback_chars=200)
             start = time.perf_counter()
-            episodes = run_episodes(model, tokenizer, tasks, ctx, group_size=8, max_new_tokens=48, max_context=512,
-                                    generator=torch.Generator().manual_seed(0), engine=timed)
+            episodes = run_episodes(engine, tasks, ctx, group_size=8, max_context=512,
+                                    generator=torch.Generator().manual_seed(0))
             rollout_s = time.perf_counter() - start
-            batch = collate_episodes(episodes, episode_rewards(episodes), tokenizer.pad_token_id)
+            batch = collate(episodes, RewardFunction().score(episodes), tokenizer)
             batch.advantages, batch.returns = ADVANTAGE_ESTIMATORS["grpo"](batch.rewards, batch.response_mask,
                                                                            batch.group_ids)
             optimizer = make_optimizer(model, lr=0.0)  # lr 0: timing only, the model stays as it is
@@ -63,7 +71,7 @@ def main() -> None:
             update_policy(model, optimizer, batch.informative(), policy_loss=POLICY_LOSSES["ppo_clip"],
                           generator=torch.Generator().manual_seed(0), minibatches=2)
             update_s = time.perf_counter() - start
-            print(f"{turns:>8} {rollout_s:>9.2f} {', '.join(calls):<44} {update_s:>8.2f} "
+            print(f"{turns:>8} {rollout_s:>9.2f} {', '.join(engine.calls):<44} {update_s:>8.2f} "
                   f"{int(batch.response_mask.sum()):>10} {int(batch.attention.sum()):>8}")
 
 

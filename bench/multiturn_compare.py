@@ -32,9 +32,10 @@ def cross_eval(models: dict[str, Path], heldout: Path, samples: int) -> dict[str
     from tempering.config import load_config
     from tempering.data import load_tasks
     from tempering.envs import EnvContext
-    from tempering.eval.evaluate import evaluate_episodes
+    from tempering.eval.evaluate import evaluate
     from tempering.models.loading import load_model, load_tokenizer
     from tempering.pipeline import make_sandbox
+    from tempering.rollout.engine import LocalEngine, SamplingParams
 
     cfg = load_config(ROOT / CONFIG)
     torch.set_num_threads(cfg.run.threads)
@@ -42,13 +43,12 @@ def cross_eval(models: dict[str, Path], heldout: Path, samples: int) -> dict[str
     out: dict[str, dict[str, dict]] = {}
     with make_sandbox(cfg) as sandbox:
         for name, path in models.items():
-            model, tokenizer = load_model(path), load_tokenizer(path)
+            engine = LocalEngine(load_model(path), load_tokenizer(path),
+                                 SamplingParams(1.0, 1.0, cfg.rollout.max_new_tokens))
             out[name] = {}
             for turns in (1, 3):
                 ctx = EnvContext(sandbox, max_turns=turns, feedback_chars=cfg.env.feedback_chars)
-                report = evaluate_episodes(model, tokenizer, tasks, ctx, samples=samples, temperature=1.0,
-                                           max_new_tokens=cfg.rollout.max_new_tokens,
-                                           max_context=cfg.env.max_context, seed=11)
+                report = evaluate(engine, tasks, ctx, samples=samples, max_context=cfg.env.max_context, seed=11)
                 out[name][f"{turns}_attempts"] = report.overall
     return out
 
@@ -69,8 +69,7 @@ def main() -> None:
     for arm, turns in arms.items():
         run_dir = out / arm
         began = time.monotonic()
-        tempering("train", CONFIG, f"model.path={sft}", "sft.steps=0", f"run.dir={run_dir}", "env.episodes=true",
-                  f"env.max_turns={turns}", "train.steps=100000", f"train.max_time_s={args.budget_s}",
+        tempering("train", CONFIG, f"model.path={sft}", "sft.steps=0", f"run.dir={run_dir}", f"env.max_turns={turns}", "train.steps=100000", f"train.max_time_s={args.budget_s}",
                   "eval.every=0", "checkpoint.every=100000", "tracking.progress=false")
         rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
         steps[arm] = (len(rows), time.monotonic() - began)

@@ -58,7 +58,7 @@ def _check_algo(cfg: RunConfig) -> None:
 
     a = cfg.algo
     if not _known("algo.estimator", a.estimator, ADVANTAGE_ESTIMATORS):
-        # The call of loop.RLTrainer.step (docs/algorithms.md, "Advantage estimators").
+        # The call of loop.RLTrainer.estimate (docs/algorithms.md, "Advantage estimators").
         _user_function("algo.estimator", a.estimator, "advantage estimator", _ARG, _ARG, _ARG, values=None,
                        token_rewards=None, scale_by_std=a.scale_by_std, gamma=a.gamma, lam=a.lam)
     if not _known("algo.policy_loss", a.policy_loss, POLICY_LOSSES):

@@ -20,12 +20,12 @@ import torch
 from tempering.algos import (
     ADVANTAGE_ESTIMATORS,
     KL_ESTIMATORS,
-    NEEDS_CRITIC,
     POLICY_LOSSES,
     group_mean_std,
     lookup,
     masked_mean,
     masked_whiten,
+    needs_critic,
 )
 from tempering.config import RunConfig
 from tempering.envs import EnvContext
@@ -275,8 +275,9 @@ class RLTrainer:
         return step
 
 
-def needs_critic(cfg: RunConfig) -> bool:
-    return cfg.algo.estimator in NEEDS_CRITIC
+def uses_critic(cfg: RunConfig) -> bool:
+    """Whether the run's estimator (a registry name or user code) reads critic values."""
+    return needs_critic(lookup(ADVANTAGE_ESTIMATORS, cfg.algo.estimator, "advantage estimator"))
 
 
 def env_context(cfg: RunConfig, sandbox: Sandbox | None, needs: set[str] = frozenset()) -> EnvContext:

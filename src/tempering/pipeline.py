@@ -28,7 +28,7 @@ from tempering.data import MixtureSampler, generate_tasks, load_tasks, save_task
 from tempering.envs.tools import tool_declarations
 from tempering.errors import ConfigError, SandboxError
 from tempering.eval.evaluate import EvalReport, evaluate
-from tempering.loop import RLTrainer, env_context, needs_critic
+from tempering.loop import RLTrainer, env_context, uses_critic
 from tempering.models.loading import (
     build_tiny_model,
     check_model_dir,
@@ -321,7 +321,7 @@ def rl_stage(ws: Workspace, start: Path, sandbox: Sandbox) -> tuple[Path, int]:
     """RL from the newest checkpoint (or `start`) to `train.steps` or `train.max_time_s`.
     -> (the final checkpoint's model directory, its step)"""
     cfg = ws.cfg
-    state = TrainState.build_or_resume(cfg, ws.run_dir, ws.rl_tasks, start, needs_critic=needs_critic(cfg),
+    state = TrainState.build_or_resume(cfg, ws.run_dir, ws.rl_tasks, start, needs_critic=uses_critic(cfg),
                                        allow_config_change=ws.allow_config_change, log=ws.log)
     last = state.step
     try:

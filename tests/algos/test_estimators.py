@@ -168,3 +168,16 @@ def test_every_estimator_shares_one_signature_and_masks_padding(name):
                                          scale_by_std=True, gamma=1.0, lam=0.95)
     assert adv.shape == ret.shape == mask.shape
     assert (adv[mask == 0] == 0).all()
+
+
+def test_needing_a_critic_is_a_property_of_the_estimator():
+    from tempering.algos import ADVANTAGE_ESTIMATORS, needs_critic
+
+    assert [n for n, fn in ADVANTAGE_ESTIMATORS.items() if needs_critic(fn)] == ["gae"]
+
+    def my_estimator(rewards, response_mask, group_ids, values=None, **_):
+        return values, values
+
+    assert not needs_critic(my_estimator)
+    my_estimator.needs_critic = True  # a user estimator that reads `values` says so
+    assert needs_critic(my_estimator)

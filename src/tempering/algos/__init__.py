@@ -8,13 +8,13 @@ from typing import TypeVar
 
 from tempering.algos.advantages import (
     ADVANTAGE_ESTIMATORS,
-    NEEDS_CRITIC,
     discounted_returns,
     dr_grpo,
     gae,
     group_mean_std,
     grpo,
     grpo_advantages,
+    needs_critic,
     reinforce_pp,
     reinforce_pp_baseline,
     rloo,
@@ -45,8 +45,8 @@ def lookup(registry: Mapping[str, F], name: str, what: str) -> F:
 
 
 __all__ = [
-    "ADVANTAGE_ESTIMATORS", "KL_ESTIMATORS", "LOSS_AGGREGATIONS", "NEEDS_CRITIC", "POLICY_LOSSES", "KLController",
+    "ADVANTAGE_ESTIMATORS", "KL_ESTIMATORS", "LOSS_AGGREGATIONS", "POLICY_LOSSES", "KLController",
     "clipped_value_loss", "discounted_returns", "dr_grpo", "gae", "group_mean_std", "grpo", "grpo_advantages",
-    "kl_k1", "kl_k2", "kl_k3", "lookup", "masked_mean", "masked_sum", "masked_var", "masked_whiten",
+    "kl_k1", "kl_k2", "kl_k3", "lookup", "needs_critic", "masked_mean", "masked_sum", "masked_var", "masked_whiten",
     "ppo_clip_loss", "reinforce_pp", "reinforce_pp_baseline", "rloo", "token_mean", "vanilla_pg_loss",
 ]

@@ -171,4 +171,9 @@ ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {
     "reinforce_pp_baseline": reinforce_pp_baseline,
     "gae": gae,
 }
-NEEDS_CRITIC = {"gae"}
+gae.needs_critic = True  # a property of the estimator: user estimators that read `values` set it too
+
+
+def needs_critic(estimator: AdvantageEstimator) -> bool:
+    """Whether the estimator reads critic values (`fn.needs_critic = True`), so the trainer must keep one."""
+    return bool(getattr(estimator, "needs_critic", False))
