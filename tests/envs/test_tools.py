@@ -1,20 +1,16 @@
-"""The tool environment: call parsing, the simulated services, rewards, the task generator."""
+"""The tool environment and its parts: call parsing (`tool_calls`), the calculator, the simulated services,
+rewards, the task generator."""
 
 from __future__ import annotations
 
 import pytest
 
 from tempering.envs.base import ENVIRONMENTS, EnvContext, make_env
+from tempering.envs.calculator import calculate
+from tempering.envs.services import FLAKY_ERRORS, TOOLS
+from tempering.envs.tool_calls import format_call, parse_action
 from tempering.envs.tool_tasks import DOMAINS, generate_tool_tasks
-from tempering.envs.tools import (
-    FLAKY_ERRORS,
-    TOOLS,
-    ToolEnv,
-    calculate,
-    format_call,
-    parse_action,
-    reference_episode,
-)
+from tempering.envs.tools import ToolEnv, reference_episode
 from tempering.types import Task
 
 
@@ -89,7 +85,7 @@ def test_service_exception_becomes_error_text(monkeypatch):
     def broken(self, expression):
         raise KeyError("boom")
 
-    monkeypatch.setattr("tempering.envs.tools.Calculator.calculator", broken)
+    monkeypatch.setattr("tempering.envs.services.Calculator.calculator", broken)
     step = _env(CALC).step(format_call("calculator", expression="1"))
     assert step.rewards["tool_error"] == 1.0
     assert "error: calculator failed: KeyError" in step.observation

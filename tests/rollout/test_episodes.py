@@ -6,8 +6,8 @@ import torch
 
 from tempering.algos import LOSS_AGGREGATIONS, POLICY_LOSSES, masked_mean
 from tempering.envs import EnvContext
+from tempering.envs.tool_calls import format_answer, format_call
 from tempering.envs.tool_tasks import generate_tool_tasks
-from tempering.envs.tools import format_answer, format_call
 from tempering.models.forward import response_logprobs
 from tempering.rewards import RewardFunction
 from tempering.rollout.batch import collate

@@ -3,7 +3,7 @@
 import pytest
 
 from tempering.sandbox import parse_value
-from tempering.sandbox.local import MAX_VALUE_CHARS
+from tempering.sandbox.grading import MAX_VALUE_CHARS
 
 
 def test_plain_literals_and_special_floats_are_read():

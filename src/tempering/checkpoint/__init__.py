@@ -22,6 +22,7 @@ from tempering.checkpoint.local import (
     find_latest,
     prune,
     require,
+    retained,
     rng_state,
     save_checkpoint,
     set_rng_state,
@@ -30,7 +31,7 @@ from tempering.checkpoint.local import (
     write_manifest,
     write_snapshot,
 )
-from tempering.checkpoint.remote import RemoteStore, retained
+from tempering.checkpoint.remote import RemoteStore
 from tempering.checkpoint.saver import Saver, resume_point
 
 __all__ = [

@@ -217,11 +217,15 @@ def _steps(root: Path) -> list[tuple[int, Path]]:
     return sorted(found, reverse=True)
 
 
+def retained(step: int, steps: list[int], keep: int, keep_every: int | None) -> bool:
+    """Retention (here and in the remote mirror): the newest `keep` steps, plus every multiple of `keep_every`."""
+    newest = sorted(steps, reverse=True)[: max(1, keep)]
+    return step in newest or bool(keep_every and step % keep_every == 0)
+
+
 def prune(root: Path, keep: int, keep_every: int | None = None, protect: frozenset[str] = frozenset()) -> None:
     """Keep the newest `keep` checkpoints plus every `keep_every`-th step; never delete the one LATEST
     names, the newest one that verifies, or those in `protect` (e.g. one being uploaded)."""
-    from tempering.checkpoint.remote import retained
-
     latest = (root / LATEST).read_text().strip() if (root / LATEST).is_file() else None
     steps = _steps(root)
     doomed = [(s, p) for s, p in steps if not retained(s, [x for x, _ in steps], keep, keep_every)

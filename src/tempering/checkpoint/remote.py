@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from tempering.checkpoint.local import LATEST, MANIFEST, checkpoint_name, parse_step, verify
+from tempering.checkpoint.local import LATEST, MANIFEST, checkpoint_name, parse_step, retained, verify
 from tempering.errors import CheckpointError
 
 T = TypeVar("T")
@@ -127,9 +127,3 @@ class RemoteStore:
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
         return final, None
-
-
-def retained(step: int, steps: list[int], keep: int, keep_every: int | None) -> bool:
-    """Retention: the newest `keep` steps, plus every step that is a multiple of `keep_every`."""
-    newest = sorted(steps, reverse=True)[: max(1, keep)]
-    return step in newest or bool(keep_every and step % keep_every == 0)

@@ -40,7 +40,7 @@ from tempering.envs.answer import AnswerEnv, answers_match
 from tempering.envs.base import register
 from tempering.errors import SandboxError
 from tempering.sandbox import ExecRequest, LocalSandbox, SandboxLimits
-from tempering.sandbox.local import default_python
+from tempering.sandbox.pool import default_python
 from tempering.types import Task
 
 EXCLUDED = {"composite"}

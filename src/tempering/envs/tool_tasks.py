@@ -1,4 +1,4 @@
-"""Built-in tool-use tasks: five domains over the simulated services of `tempering.envs.tools`.
+"""Built-in tool-use tasks: five domains over the simulated services of `tempering.envs.services`.
 
 tool_calc (calculator), tool_db_get / tool_db_set (the key-value database; a set task is judged on the final
 database), tool_search (facts about made-up entities, found only in the task's notes), tool_flaky (the
@@ -13,7 +13,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tempering.envs.tools import calculate, format_answer, format_call, tool_line
+from tempering.envs.calculator import calculate
+from tempering.envs.services import tool_line
+from tempering.envs.tool_calls import format_answer, format_call
 from tempering.types import Task
 
 # --------------------------------------------------------------------------------------------- generator

@@ -47,8 +47,9 @@ and why it stays inert there (tests in tests/envs, tests/sandbox/test_parse_valu
   so plain literals only; nesting beyond the parser's limits is a ValueError, never code;
 - answers (`envs/answer.py`): numbers via `float`, text compared as text; Countdown expressions are
   parsed (at most 200 characters) and walked over integer literals and + - * only, never evaluated;
-- tool calls (`envs/tools.py`): `json.loads` (too deep = a malformed call), `jsonschema` validation, the
-  calculator walks the AST of at most 200 characters with capped exponents and magnitudes;
+- tool calls (`envs/tool_calls.py`, `services.py`, `calculator.py`): `json.loads` (too deep = a malformed
+  call), `jsonschema` validation, the calculator walks the AST of at most 200 characters with capped
+  exponents and magnitudes;
 - reasoning-gym answers (`envs/gym.py`): several of its verifiers `eval` the answer (string_insertion,
   spiral_matrix, binary_matrix, n_queens) or evaluate it with sympy's `parse_expr` (countdown, puzzle24,
   integration, polynomial tasks), so every verifier runs in a sandbox pool of its own (`python_path` and
@@ -68,16 +69,9 @@ from __future__ import annotations
 
 import threading
 
-from tempering.sandbox.local import (
-    LANGUAGES,
-    ExecRequest,
-    LocalSandbox,
-    Sandbox,
-    SandboxLimits,
-    compare_values,
-    grade,
-    parse_value,
-)
+from tempering.sandbox.execution import LANGUAGES, ExecRequest, SandboxLimits
+from tempering.sandbox.grading import compare_values, grade, parse_value
+from tempering.sandbox.pool import LocalSandbox, Sandbox
 from tempering.sandbox.service import RemoteSandbox
 from tempering.types import ExecResult, Task
 

@@ -16,8 +16,9 @@ from fastapi import FastAPI, HTTPException, Request
 
 from tempering.errors import SandboxError
 from tempering.sandbox import fusion
-from tempering.sandbox.local import ExecRequest, LocalSandbox
-from tempering.sandbox.service import Batch, ServiceLimits, request_from_json
+from tempering.sandbox.execution import ExecRequest
+from tempering.sandbox.pool import LocalSandbox
+from tempering.sandbox.protocol import Batch, ServiceLimits, request_from_json
 
 # --------------------------------------------------------------------------------------- admission
 

@@ -11,8 +11,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from tempering.sandbox.execution import SandboxLimits
+from tempering.sandbox.grading import test_requests
 from tempering.sandbox.isolation import WORKER_ENV, bwrap_args, next_worker_ids, resolve
-from tempering.sandbox.local import LocalSandbox, SandboxLimits, default_python, test_requests
+from tempering.sandbox.pool import LocalSandbox, default_python
 from tempering.types import Task, TestCase
 
 TRIVIAL = "x = 1 + 1\n"

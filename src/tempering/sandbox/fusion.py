@@ -26,7 +26,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from tempering.sandbox.local import ExecRequest, SandboxLimits
+from tempering.sandbox.execution import ExecRequest, SandboxLimits
 
 # SandboxFusion's language names -> tempering's. "c" and "javascript" are tempering's own names, accepted too.
 LANGUAGES = {"python": "python", "cpp": "cpp", "c": "c", "nodejs": "javascript", "javascript": "javascript",

@@ -14,7 +14,7 @@ two uids only); each forked child switches to the program uid, which drops every
 therefore cannot signal, ptrace or `prlimit` its server, nor its checker. Without root a two-uid map is
 impossible: worker and programs share one uid (a bubblewrap worker is still PID 1, which signals from
 inside cannot reach); the server then checks its own rlimits after each execution and the host replaces
-a damaged worker (see `local.py`). `tempering sandbox doctor` prints what is active.
+a damaged worker (see `pool.py`). `tempering sandbox doctor` prints what is active.
 
 Measured on a 2-core VM: starting and closing a pool of one worker takes ~0.2 s with either backend (the
 launcher is one more interpreter start), paid once per worker; each execution is a fork inside it.

@@ -1,17 +1,14 @@
-"""Host side of the sandbox: a pool of warm fork-server workers, and the test verdicts.
+"""Host side of the sandbox: the `Sandbox` interface and `LocalSandbox`, a pool of warm fork-server workers.
 
 A worker (`_worker.py`) is started once - inside a bubblewrap container where available, see
 `isolation.py` - and then forks a fresh, limited child per execution, so neither the interpreter's
-start-up nor the container's is paid per execution. Expected test outputs stay in this process: the
-worker returns only what the program produced, and `compare_values` decides here.
+start-up nor the container's is paid per execution. Test verdicts are decided by the caller (`grading.py`).
 """
 
 from __future__ import annotations
 
-import ast
 import atexit
 import json
-import math
 import os
 import queue
 import select
@@ -22,57 +19,21 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 from tempering.errors import SandboxError
+from tempering.sandbox.execution import LANGUAGES, ExecRequest, SandboxLimits, to_result
+from tempering.sandbox.grading import grade, test_requests
 from tempering.sandbox.isolation import WORKER_SCRIPT, Isolation, Protection, next_worker_ids, resolve
-from tempering.types import ExecResult, Task, TestCase, TestResult
+from tempering.types import ExecResult, Task
 
-LANGUAGES = ("python", "bash", "javascript", "c", "cpp")
 # How much longer than the execution's own timeout and compile timeout the host waits for a worker before
 # declaring it hung.
 WORKER_GRACE_S = 5.0
 WORKER_START_TIMEOUT_S = 20.0
 PRELOAD_START_TIMEOUT_S = 120.0  # a worker that preloads a large package (reasoning-gym: ~3 s idle)
 WORKER_SOURCE = WORKER_SCRIPT.read_bytes()
-
-
-@dataclass(frozen=True)
-class SandboxLimits:
-    timeout_s: float = 2.0
-    """Wall-clock limit; the whole process tree is killed when it passes."""
-    cpu_s: float = 2.0
-    """CPU-time limit (RLIMIT_CPU)."""
-    memory_mb: int = 256
-    """Address space on top of the interpreter's own (RLIMIT_AS); for JavaScript, V8's heap limit."""
-    max_output_bytes: int = 65536
-    """Per stream; a program that writes more is stopped with status output_limit."""
-    max_file_bytes: int = 16 << 20
-    """Largest file the program may write (RLIMIT_FSIZE)."""
-    max_processes: int = 32
-    """RLIMIT_NPROC: processes and threads of the program's uid (each worker has its own when the host
-    is root; a non-root host shares its uid's count with the sandbox)."""
-    compile_timeout_s: float = 20.0
-    """Wall-clock limit of compiling a C/C++ program (its own limit, before `timeout_s` starts)."""
-
-
-@dataclass
-class ExecRequest:
-    """One execution: a whole program (`stdin`), function calls on `entry_point` (`calls`), or
-    HumanEval-style `check(candidate)` test code run against `entry_point` from a separate process."""
-
-    code: str
-    language: str = "python"
-    stdin: str | None = None
-    entry_point: str | None = None
-    calls: list[list[Any]] | None = None
-    checks: list[str] | None = None
-    limits: SandboxLimits = field(default_factory=SandboxLimits)
-
-    @property
-    def kind(self) -> str:
-        return "check" if self.checks is not None else "calls" if self.calls is not None else "program"
 
 
 def default_python() -> str:
@@ -238,7 +199,7 @@ class Sandbox:
 
     def run_batch(self, requests: list[ExecRequest], *, concurrency: int | None = None) -> list[ExecResult]:
         """Execute requests in parallel (at most `concurrency`); results in order."""
-        return [_to_result(r) for r in self.execute_many(requests, concurrency=concurrency)]
+        return [to_result(r) for r in self.execute_many(requests, concurrency=concurrency)]
 
     def run_tests(self, task: Task, code: str) -> ExecResult:
         """Execute `code` against the task's hidden tests."""
@@ -405,132 +366,3 @@ class LocalSandbox(Sandbox):
 
     def execute_many(self, requests: list[ExecRequest], *, concurrency: int | None = None) -> list[dict[str, Any]]:
         return self._map(self.execute, requests, concurrency)
-
-
-# ------------------------------------------------------------------------------------------ verdicts
-
-
-def test_requests(task: Task, code: str, limits: SandboxLimits) -> list[ExecRequest]:
-    """Function-call tasks: one execution calls the entry point on every input. stdin tasks: one per case."""
-    if task.tests[0].is_call:
-        calls = [list(t.input) for t in task.tests]
-        return [ExecRequest(code=code, language=task.language, entry_point=task.entry_point, calls=calls,
-                            limits=limits)]
-    if task.tests[0].is_check:
-        checks = [t.check for t in task.tests]
-        return [ExecRequest(code=code, language=task.language, entry_point=task.entry_point, checks=checks,
-                            limits=limits)]
-    return [ExecRequest(code=code, language=task.language, stdin=t.stdin, limits=limits) for t in task.tests]
-
-
-def grade(task: Task, raw: list[dict[str, Any]]) -> ExecResult:
-    """Turn worker responses for a task into one ExecResult with a verdict per hidden test."""
-    if task.tests[0].is_call or task.tests[0].is_check:
-        result = _to_result(raw[0])
-        calls = raw[0].get("calls") or [None] * len(task.tests)
-        grade_one = _grade_call if task.tests[0].is_call else _grade_check
-        result.tests = [grade_one(i, t, c, result) for i, (t, c) in enumerate(zip(task.tests, calls))]
-        return result
-    results = [_to_result(r) for r in raw]
-    tests = []
-    for i, (t, r) in enumerate(zip(task.tests, results)):
-        name = t.name or f"test_{i}"
-        if r.status != "ok":
-            tests.append(TestResult(name, False, f"{r.status}: {_tail(r.stderr)}"))
-        elif normalize_stdout(r.stdout) == normalize_stdout(t.stdout or ""):
-            tests.append(TestResult(name, True))
-        else:
-            tests.append(TestResult(name, False, f"expected stdout {_short(t.stdout)}, got {_short(r.stdout)}"))
-    worst = next((r for r in results if r.status != "ok"), results[0])
-    merged = replace(worst, tests=tests, flags=sorted({f for r in results for f in r.flags}))
-    merged.wall_time_s = sum(r.wall_time_s for r in results)
-    merged.cpu_time_s = sum(r.cpu_time_s for r in results)
-    merged.max_rss_mb = max(r.max_rss_mb for r in results)
-    return merged
-
-
-def _no_result(name: str, result: ExecResult) -> TestResult:
-    why = {"timeout": "timed out", "memory_limit": "out of memory", "output_limit": "output limit"}.get(
-        result.status, "the program ended before this test ran")
-    return TestResult(name, False, f"no result: {why}" + (f"\n{_tail(result.stderr)}" if result.stderr else ""))
-
-
-def _grade_check(i: int, test: TestCase, verdict: dict[str, Any] | None, result: ExecResult) -> TestResult:
-    """check() tests: the verdict was decided by the checker process, which never ran the program's code."""
-    name = test.name or f"test_{i}"
-    if verdict is None:
-        return _no_result(name, result)
-    return TestResult(name, bool(verdict.get("ok")), None if verdict.get("ok") else verdict.get("error", "failed"))
-
-
-def _grade_call(i: int, test: TestCase, call: dict[str, Any] | None, result: ExecResult) -> TestResult:
-    name = test.name or f"test_{i}"
-    if call is None:
-        return _no_result(name, result)
-    if not call.get("ok"):
-        return TestResult(name, False, call.get("error", "error"))
-    try:
-        actual = parse_value(call["value"])
-    except ValueError:
-        return TestResult(name, False, f"returned a value that is not a plain literal: {_short(call['value'])}")
-    if compare_values(actual, test.output):
-        return TestResult(name, True)
-    args = ", ".join(map(repr, test.input or []))
-    return TestResult(name, False, f"f({args}) returned {_short(call['value'])}, expected {test.output!r}")
-
-
-MAX_VALUE_CHARS = 4 << 20  # the worker's cap on all results of an execution (`_worker.RESULT_CAP`)
-
-
-def parse_value(text: str) -> Any:
-    """The value a program returned, from its repr, as plain data (never executes anything). Bounded:
-    longer text, nesting past the parser's limits and malformed text are all a ValueError."""
-    if len(text) > MAX_VALUE_CHARS:
-        raise ValueError(f"a returned value of {len(text)} characters (limit {MAX_VALUE_CHARS})")
-    try:
-        return ast.literal_eval(text)
-    except (ValueError, SyntaxError, MemoryError, RecursionError, TypeError):
-        specials = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
-        if text in specials:
-            return specials[text]
-        raise ValueError(text) from None
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    return value
-
-
-def compare_values(actual: Any, expected: Any, rel_tol: float = 1e-6, abs_tol: float = 1e-9) -> bool:
-    """Python `==` on plain data, except that tuples equal lists and floats compare with a tolerance."""
-    a, e = _plain(actual), _plain(expected)
-    if isinstance(a, float) or isinstance(e, float):
-        if isinstance(a, (int, float)) and isinstance(e, (int, float)):
-            return math.isclose(a, e, rel_tol=rel_tol, abs_tol=abs_tol) or (math.isnan(a) and math.isnan(e))
-        return False
-    if isinstance(a, list) and isinstance(e, list):
-        return len(a) == len(e) and all(compare_values(x, y, rel_tol, abs_tol) for x, y in zip(a, e))
-    if isinstance(a, dict) and isinstance(e, dict):
-        return a.keys() == e.keys() and all(compare_values(a[k], e[k], rel_tol, abs_tol) for k in a)
-    return a == e
-
-
-def normalize_stdout(text: str) -> str:
-    return "\n".join(line.rstrip() for line in text.strip().splitlines())
-
-
-def _short(text: Any, n: int = 200) -> str:
-    s = text if isinstance(text, str) else repr(text)
-    return s if len(s) <= n else s[:n] + "..."
-
-
-def _tail(text: str, n: int = 600) -> str:
-    return text if len(text) <= n else "..." + text[-n:]
-
-
-def _to_result(raw: dict[str, Any]) -> ExecResult:
-    fields = {k: raw[k] for k in ExecResult.__dataclass_fields__ if k in raw and k != "tests"}
-    return ExecResult(**fields)
