@@ -6,6 +6,7 @@ name the key; an unknown key also lists the valid ones at that level.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -13,6 +14,10 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from tempering.errors import ConfigError
+
+
+CHECKS: list[Callable[[RunConfig], None]] = []
+"""Whole-config checks run when a RunConfig is validated; each raises ValueError naming the key."""
 
 
 class Section(BaseModel):
@@ -315,10 +320,11 @@ class RunConfig(Section):
     @model_validator(mode="after")
     def _check_names(self) -> RunConfig:
         """Registry names, user code, reward params and cross-field rules are checked here, so a mistake fails
-        at load time, before the run directory is touched (see `tempering.config_checks`)."""
-        from tempering.config_checks import check_config
-
-        check_config(self)
+        at load time, before the run directory is touched. The checks need the registries, which live above
+        this module: `tempering.config_checks` registers them in `CHECKS` when `tempering` is imported, so
+        this module stays a leaf."""
+        for check in CHECKS:
+            check(self)
         return self
 
     def to_yaml(self) -> str:

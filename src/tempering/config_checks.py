@@ -9,13 +9,11 @@ the key, which `load_config` turns into a one-line ConfigError - before the run 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from tempering.config import CHECKS, RunConfig
 from tempering.errors import ConfigError
 from tempering.registry import check_call, load_callable
-
-if TYPE_CHECKING:
-    from tempering.config import RunConfig
 
 _ARG = object()
 """Stands in for a tensor / task / trajectory: signature checks bind arguments, they never call."""
@@ -26,6 +24,8 @@ def check_config(cfg: RunConfig) -> None:
     _check_rewards(cfg)
     _check_cross_fields(cfg)
 
+
+CHECKS.append(check_config)
 
 def _user_function(key: str, spec: str, what: str, *args: Any, **kwargs: Any) -> Any:
     """Import `package.module:function` and check it takes the run's call; errors name the key."""
