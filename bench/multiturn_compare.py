@@ -34,8 +34,8 @@ def cross_eval(models: dict[str, Path], heldout: Path, samples: int) -> dict[str
     from tempering.envs import EnvContext
     from tempering.eval.evaluate import evaluate
     from tempering.models.loading import load_model, load_tokenizer
-    from tempering.pipeline import make_sandbox
     from tempering.rollout.engine import LocalEngine, SamplingParams
+    from tempering.workspace import make_sandbox
 
     cfg = load_config(ROOT / CONFIG)
     torch.set_num_threads(cfg.run.threads)

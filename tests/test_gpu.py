@@ -7,9 +7,9 @@ import json
 import pytest
 import torch
 
+from tempering.models.forward import distinct_rows, response_logprobs
 from tempering.rollout.batch import RolloutBatch
 from tempering.rollout.generate import generate
-from tempering.models.forward import distinct_rows, response_logprobs
 from tempering.training.update import update_policy
 from tests.test_e2e import kill_after_checkpoint, metrics, stable, tempering
 

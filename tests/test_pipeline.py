@@ -7,7 +7,7 @@ import pytest
 
 from tempering.config import build_config
 from tempering.errors import TemperingError
-from tempering.pipeline import prepare
+from tempering.workspace import prepare
 
 
 def _closed_port() -> int:

@@ -36,7 +36,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_sft(args: argparse.Namespace) -> int:
-    from tempering.pipeline import base_model_dir, make_sandbox, prepare, sft_stage
+    from tempering.pipeline import base_model_dir, sft_stage
+    from tempering.workspace import make_sandbox, prepare
 
     ws = prepare(_config(args), allow_config_change=args.allow_config_change)
     with make_sandbox(ws.cfg) as sandbox:  # episodes' SFT transcripts execute code (repair feedback)
@@ -139,7 +140,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def cmd_data_generate(args: argparse.Namespace) -> int:
     from tempering.config import build_config
     from tempering.data import save_tasks
-    from tempering.pipeline import builtin_tasks
+    from tempering.workspace import builtin_tasks
 
     cfg = build_config({"data": {"generator": args.generator, "num_train": args.num_train,
                                  "num_heldout": args.num_heldout, "seed": args.seed}})
@@ -226,7 +227,7 @@ def cmd_sandbox_bench(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from tempering.pipeline import print_summary
+    from tempering.summary import print_summary
 
     path = Path(args.run_dir) / "summary.json"
     if not path.is_file():

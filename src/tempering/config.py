@@ -15,7 +15,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from tempering.errors import ConfigError
 
-
 CHECKS: list[Callable[[RunConfig], None]] = []
 """Whole-config checks run when a RunConfig is validated; each raises ValueError naming the key."""
 

@@ -71,11 +71,10 @@ def _check_algo(cfg: RunConfig) -> None:
 
 
 def _check_rewards(cfg: RunConfig) -> None:
+    from tempering.envs import ENVIRONMENTS
     from tempering.rewards import REWARD_COMPONENTS
     from tempering.rewards.guards import GUARDS
     from tempering.types import Task
-
-    from tempering.envs import ENVIRONMENTS
 
     r = cfg.reward
     if r.weights is not None and not r.weights:

@@ -28,7 +28,7 @@ from tempering.algos import (
     needs_critic,
 )
 from tempering.config import RunConfig
-from tempering.envs import EnvContext
+from tempering.envs import env_context
 from tempering.errors import Preempted
 from tempering.eval.evaluate import evaluate
 from tempering.rewards import RewardFunction
@@ -278,11 +278,3 @@ class RLTrainer:
 def uses_critic(cfg: RunConfig) -> bool:
     """Whether the run's estimator (a registry name or user code) reads critic values."""
     return needs_critic(lookup(ADVANTAGE_ESTIMATORS, cfg.algo.estimator, "advantage estimator"))
-
-
-def env_context(cfg: RunConfig, sandbox: Sandbox | None, needs: set[str] = frozenset()) -> EnvContext:
-    """What the environments of a run get: the sandbox, `env.*`, the reward-hacking guard settings and what
-    the reward components need from an execution (`RewardFunction.needs`)."""
-    e, r = cfg.env, cfg.reward
-    options = {"guards": r.guards, "guard_kinds": r.guard_kinds, "needs": set(needs), **e.options.model_dump()}
-    return EnvContext(sandbox=sandbox, max_turns=e.max_turns, feedback_chars=e.feedback_chars, options=options)

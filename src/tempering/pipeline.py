@@ -14,197 +14,33 @@ import json
 import os
 import shutil
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 from rich.console import Console
-from rich.table import Table
 
-from tempering import config_history
 from tempering.config import RunConfig
-from tempering.data import MixtureSampler, generate_tasks, load_tasks, save_tasks, split_stages
+from tempering.envs import env_context
 from tempering.envs.tools import tool_declarations
-from tempering.errors import ConfigError, SandboxError
 from tempering.eval.evaluate import EvalReport, evaluate
-from tempering.loop import RLTrainer, env_context, uses_critic
+from tempering.loop import RLTrainer, uses_critic
 from tempering.models.loading import (
     build_tiny_model,
-    check_model_dir,
     load_model,
     load_tokenizer,
     num_parameters,
-    resolve_device,
     save_model,
 )
 from tempering.models.tokenizer import train_tokenizer
 from tempering.rollout.chat import chat_format
 from tempering.rollout.engine import LocalEngine, SamplingParams
-from tempering.sandbox import LocalSandbox, RemoteSandbox, Sandbox, SandboxLimits
+from tempering.sandbox import Sandbox
 from tempering.state import TrainState
-from tempering.tracking import Tracker, read_metrics
-from tempering.tracking.plot import plot_run
-from tempering.training.sft import Transcript, encode_transcript, run_sft
-from tempering.training.transcripts import sft_transcripts, transcript_text
-from tempering.types import Task
-
-
-def _write_json(path: Path, data: Any) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    os.replace(tmp, path)
-
-
-@dataclass
-class Workspace:
-    cfg: RunConfig
-    run_dir: Path
-    train_tasks: list[Task]
-    heldout_tasks: list[Task]
-    sft_tasks: list[Task]
-    rl_tasks: list[Task]
-    console: Console
-    allow_config_change: bool = False
-    """`--allow-config-change`: a resumed run may change keys outside `config_history.MUTABLE`."""
-    _transcripts: list[tuple[Task, Transcript]] | None = None
-
-    def log(self, message: str) -> None:
-        self.console.print(message)
-
-    def transcripts(self, sandbox: Sandbox) -> list[tuple[Task, Transcript]]:
-        """SFT transcripts of the SFT tasks (built once; deterministic in the data seed)."""
-        if self._transcripts is None:
-            # Reference transcripts may need more turns than RL allows (retries of a flaky call).
-            ctx = env_context(self.cfg, sandbox)
-            ctx.max_turns = max(ctx.max_turns, 8)
-            self._transcripts = sft_transcripts(self.sft_tasks, ctx, repair_fraction=self.cfg.sft.repair_fraction,
-                                                seed=self.cfg.data.seed)
-        return self._transcripts
-
-
-def prepare(cfg: RunConfig, console: Console | None = None, allow_config_change: bool = False) -> Workspace:
-    """Validate the inputs, then create the run directory and write the resolved config.
-
-    On an existing run directory, a config that differs from the recorded one outside
-    `config_history.MUTABLE` is refused unless `allow_config_change`; every change is recorded."""
-    console = console or Console(stderr=True)
-    run_dir = Path(cfg.run.dir)
-    if run_dir.exists() and not run_dir.is_dir():
-        raise ConfigError(f"run.dir '{run_dir}' exists and is not a directory")
-    change = config_history.check_resume(run_dir, cfg, allow_config_change)
-    if cfg.model.path:
-        check_model_dir(cfg.model.path)
-    cfg.run.device = resolve_device(cfg.run.device)
-    check_sandbox_url(cfg)
-    _check_outside_inputs(cfg)
-    train = load_tasks(cfg.data.train_file) if cfg.data.train_file else None
-    heldout = load_tasks(cfg.data.heldout_file) if cfg.data.heldout_file else None
-    run_dir_data = run_dir / "data" / "heldout.jsonl"
-    if (train is None or heldout is None) and run_dir_data.is_file() and cfg.data.generator != "code":
-        # Generated once (reasoning-gym takes a while): a resumed run reads its own task files.
-        train = train if train is not None else load_tasks(run_dir / "data" / "train.jsonl")
-        heldout = heldout if heldout is not None else load_tasks(run_dir_data)
-    if train is None or heldout is None:
-        gen_train, gen_heldout = builtin_tasks(cfg)
-        train = train if train is not None else gen_train
-        heldout = heldout if heldout is not None else gen_heldout
-    _check_disjoint(train, heldout)
-    try:
-        sft, rl = split_stages(train, cfg.data.sft_fraction, cfg.data.seed)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-    if cfg.data.mixture:
-        try:
-            MixtureSampler(rl, cfg.data.mixture, cfg.run.seed)
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
-    torch.set_num_threads(cfg.run.threads)
-
-    run_dir.mkdir(parents=True, exist_ok=True)
-    if change is not None:
-        entry = config_history.record(run_dir, change, allow_config_change)
-        how = "accepted with --allow-config-change" if change.forced else "allowed on resume"
-        console.print(f"config changed ({how}): {change.describe()}; previous config kept in "
-                      f"{run_dir / entry['previous_config']}")
-    (run_dir / "config.yaml").write_text(cfg.to_yaml())
-    data_dir = run_dir / "data"
-    if not (data_dir / "heldout.jsonl").exists():
-        save_tasks(train, data_dir / "train.jsonl")
-        save_tasks(heldout, data_dir / "heldout.jsonl")
-    return Workspace(cfg, run_dir, train, heldout, sft, rl, console, allow_config_change=allow_config_change)
-
-
-def builtin_tasks(cfg: RunConfig) -> tuple[list[Task], list[Task]]:
-    """(train, held-out) from the generator named by `data.generator`."""
-    d = cfg.data
-    try:
-        if d.generator == "code":
-            return generate_tasks(d.num_train, d.num_heldout, d.seed, d.domains)
-        if d.generator == "tools":
-            from tempering.envs.tool_tasks import generate_tool_tasks
-
-            return generate_tool_tasks(d.num_train, d.num_heldout, d.seed)
-        if d.generator == "answer":
-            from tempering.envs.answer import generate_answer_tasks
-
-            return generate_answer_tasks(d.num_train, d.num_heldout, d.seed, d.domains)
-        from tempering.envs.gym import gym_datasets, gym_tasks
-
-        names = d.gym_datasets or gym_datasets()
-        return gym_tasks(names, max(1, d.num_train // len(names)), d.gym_heldout_per_domain, d.seed,
-                         config=d.gym_config, max_prompt_chars=d.gym_max_prompt_chars)
-    except (ValueError, ImportError) as e:
-        raise ConfigError(f"data ({d.generator} tasks): {e}") from None
-
-
-def _check_disjoint(train: list[Task], heldout: list[Task]) -> None:
-    overlap = {t.prompt for t in train} & {t.prompt for t in heldout}
-    if overlap:
-        raise ConfigError(f"{len(overlap)} held-out task prompt(s) also appear among the training tasks")
-
-
-def check_sandbox_url(cfg: RunConfig, timeout_s: float = 5.0) -> None:
-    """A `sandbox.url` whose /health does not answer within a few seconds fails now, before anything is
-    written (make_sandbox asks again, with the client's full retries, when the sandbox is opened)."""
-    if not cfg.sandbox.url:
-        return
-    probe = RemoteSandbox(cfg.sandbox.url, timeout_s=timeout_s, retries=1, backoff_s=0.2)
-    try:
-        probe.health()
-    except SandboxError as e:
-        raise ConfigError(f"sandbox.url: {' '.join(str(e).split())}") from None
-    except ValueError:  # a 200 that is not JSON: some other server
-        raise ConfigError(f"sandbox.url: {cfg.sandbox.url}/health did not answer as a tempering sandbox service "
-                          "(`tempering sandbox serve`)") from None
-    finally:
-        probe.close()
-
-
-def _check_outside_inputs(cfg: RunConfig) -> None:
-    """Names of things outside the config that are otherwise first used after SFT: the interpreter that
-    runs programs, the checkpoint store's URL scheme (no network: the store is only parsed)."""
-    python = cfg.sandbox.python
-    if python and not cfg.sandbox.url and not shutil.which(python):
-        raise ConfigError(f"sandbox.python: '{python}' is not an executable (a path, or a name on PATH)")
-    if cfg.checkpoint.uri:
-        from tempering.checkpoint import RemoteStore
-
-        RemoteStore(cfg.checkpoint.uri, cfg.checkpoint.storage)  # an unknown scheme or missing driver fails here
-
-
-def make_sandbox(cfg: RunConfig) -> Sandbox:
-    """The local worker pool, or the service at `sandbox.url` (checked before training starts)."""
-    s = cfg.sandbox
-    limits = SandboxLimits(timeout_s=s.timeout_s, cpu_s=s.cpu_s, memory_mb=s.memory_mb,
-                           max_output_bytes=s.max_output_bytes)
-    if s.url:
-        remote = RemoteSandbox(s.url, limits)
-        remote.health()  # a service that is down is reported now, not after the model is loaded
-        return remote
-    return LocalSandbox(limits, workers=s.workers, python=s.python, isolation=s.isolation,
-                        scratch_mb=s.scratch_mb)
-
+from tempering.summary import print_summary, write_summary
+from tempering.tracking import Tracker
+from tempering.training.sft import encode_transcript, run_sft
+from tempering.training.transcripts import transcript_text
+from tempering.workspace import Workspace, make_sandbox, prepare, write_json
 
 # ----------------------------------------------------------------------------------------- stages
 
@@ -265,7 +101,7 @@ def sft_stage(ws: Workspace, start: Path, sandbox: Sandbox | None = None) -> Pat
     save_model(model, tokenizer, tmp)
     shutil.rmtree(out / "model", ignore_errors=True)
     os.replace(tmp, out / "model")
-    _write_json(done, {"steps": s.steps, "wall_time_s": time.perf_counter() - began})
+    write_json(done, {"steps": s.steps, "wall_time_s": time.perf_counter() - began})
     return out / "model"
 
 
@@ -307,7 +143,7 @@ def heldout_eval(ws: Workspace, model_dir: Path, sandbox: Sandbox, name: str,
     greedy = evaluate(engine, ws.heldout_tasks, ctx, greedy=True, **kw)
     result = {"evaluated": key, "sampled": _strip(sampled), "greedy": _strip(greedy),
               "wall_time_s": time.perf_counter() - began}
-    _write_json(path, result)
+    write_json(path, result)
     return result
 
 
@@ -367,60 +203,3 @@ def train(cfg: RunConfig, console: Console | None = None, allow_config_change: b
     return summary
 
 
-def write_summary(ws: Workspace, before: dict, after: dict, wall_time_s: float) -> dict[str, Any]:
-    rows = read_metrics(ws.run_dir / "metrics.jsonl")
-    sft_done = ws.run_dir / "sft" / "DONE.json"
-    rl_s = sum((r.get("timing_s/step") or 0) + (r.get("timing_s/checkpoint") or 0) for r in rows)
-    summary = {
-        "heldout_pass@1_before": before["sampled"]["overall"]["pass@1"],
-        "heldout_pass@1_after": after["sampled"]["overall"]["pass@1"],
-        "heldout_greedy_pass@1_before": before["greedy"]["overall"]["pass@1"],
-        "heldout_greedy_pass@1_after": after["greedy"]["overall"]["pass@1"],
-        "heldout_tasks": before["sampled"]["num_tasks"],
-        **({"heldout_first_turn_pass@1_before": before["sampled"]["overall"]["first_turn_pass@1"],
-            "heldout_first_turn_pass@1_after": after["sampled"]["overall"]["first_turn_pass@1"]}
-           if "first_turn_pass@1" in before["sampled"]["overall"] else {}),
-        "heldout_samples_per_task": before["sampled"]["samples"],
-        "temperature": before["sampled"]["temperature"],
-        "per_domain_before": {d: v["pass@1"] for d, v in before["sampled"]["per_domain"].items()},
-        "per_domain_after": {d: v["pass@1"] for d, v in after["sampled"]["per_domain"].items()},
-        "rl_steps": len(rows),
-        "rl_step_evaluated": after.get("evaluated", {}).get("step"),
-        "rl_steps_planned": ws.cfg.train.steps,
-        "wall_time_s": wall_time_s,
-        "wall_time_split_s": {
-            "sft": json.loads(sft_done.read_text())["wall_time_s"] if sft_done.is_file() else 0.0,
-            "eval_before": before["wall_time_s"],
-            "rl": rl_s,
-            "eval_after": after["wall_time_s"],
-        },
-    }
-    history = config_history.read_history(ws.run_dir)
-    if history:
-        summary["config_changes"] = history
-    _write_json(ws.run_dir / "summary.json", summary)
-    val_before = {"val/pass@1": summary["heldout_pass@1_before"],
-                  "val/greedy_pass@1": summary["heldout_greedy_pass@1_before"]}
-    val_after = {"val/pass@1": summary["heldout_pass@1_after"],
-                 "val/greedy_pass@1": summary["heldout_greedy_pass@1_after"]}
-    plot_run(rows, ws.run_dir / "plot.png", before=val_before, after=val_after)
-    return summary
-
-
-def print_summary(console: Console, summary: dict[str, Any]) -> None:
-    table = Table(title=f"held-out pass@1 ({summary['heldout_tasks']} tasks, T={summary['temperature']})")
-    table.add_column("domain")
-    table.add_column("after SFT", justify="right")
-    table.add_column("after RL", justify="right")
-    for domain, value in summary["per_domain_before"].items():
-        table.add_row(domain, f"{value:.1%}", f"{summary['per_domain_after'][domain]:.1%}")
-    table.add_row("[bold]all (sampled)", f"{summary['heldout_pass@1_before']:.1%}",
-                  f"{summary['heldout_pass@1_after']:.1%}")
-    table.add_row("[bold]all (greedy)", f"{summary['heldout_greedy_pass@1_before']:.1%}",
-                  f"{summary['heldout_greedy_pass@1_after']:.1%}")
-    console.print(table)
-    console.print(f"wall time {summary['wall_time_s']:.0f} s")
-    evaluated, planned = summary.get("rl_step_evaluated"), summary.get("rl_steps_planned")
-    if evaluated is not None and planned is not None and evaluated < planned:
-        console.print(f"RL stopped at step {evaluated} of {planned} (train.max_time_s); run the same command "
-                      "again to continue (the evaluation after RL is then redone)")

@@ -1,10 +1,10 @@
 import torch
 
 from tempering.envs import EnvContext
+from tempering.models.forward import response_logprobs
 from tempering.rollout.engine import LocalEngine, SamplingParams
 from tempering.rollout.episodes import run_episodes
 from tempering.rollout.generate import encode_prompt, generate, sample_next
-from tempering.models.forward import response_logprobs
 
 
 def prompts_of(tokenizer, tasks, n):

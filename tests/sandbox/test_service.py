@@ -13,10 +13,10 @@ import pytest
 
 from tempering.config import load_config
 from tempering.errors import SandboxError
-from tempering.pipeline import make_sandbox
 from tempering.sandbox import RemoteSandbox
 from tempering.sandbox.service import TOKEN_ENV, serve
 from tempering.types import Task, TestCase
+from tempering.workspace import make_sandbox
 
 
 def free_port() -> int:

@@ -1,9 +1,9 @@
 import torch
 
 from tempering.algos import grpo, ppo_clip_loss
+from tempering.models.forward import response_logprobs
 from tempering.rollout.batch import RolloutBatch
 from tempering.rollout.generate import encode_prompt, generate
-from tempering.models.forward import response_logprobs
 from tempering.training.optim import make_optimizer, make_scheduler
 from tempering.training.sft import encode_examples, run_sft, sft_completion
 from tempering.training.update import update_policy

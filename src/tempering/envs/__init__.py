@@ -9,6 +9,15 @@ A task names its environment (`Task.env`); `make_env` builds one per episode.
 """
 
 from tempering.envs import answer, code, gym, tools  # noqa: F401  (registers the environments)
-from tempering.envs.base import ENVIRONMENTS, EnvContext, Environment, Step, clip_middle, make_env, register
+from tempering.envs.base import (
+    ENVIRONMENTS,
+    EnvContext,
+    Environment,
+    Step,
+    clip_middle,
+    env_context,
+    make_env,
+    register,
+)
 
-__all__ = ["ENVIRONMENTS", "EnvContext", "Environment", "Step", "clip_middle", "make_env", "register"]
+__all__ = ["ENVIRONMENTS", "EnvContext", "Environment", "Step", "clip_middle", "env_context", "make_env", "register"]

@@ -20,6 +20,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, NamedTuple
 
+from tempering.config import RunConfig
 from tempering.types import Task
 
 
@@ -47,6 +48,14 @@ class EnvContext:
     """Longest feedback text; longer is cut to its head and tail."""
     options: dict[str, Any] = field(default_factory=dict)
     """`env.options` from the config, e.g. {flaky_failure_rate: 0.5}."""
+
+
+def env_context(cfg: RunConfig, sandbox: Any, needs: set[str] = frozenset()) -> EnvContext:
+    """What the environments of a run get: the sandbox, `env.*`, the reward-hacking guard settings and what
+    the reward functions need from an execution (`RewardFunction.needs`)."""
+    e, r = cfg.env, cfg.reward
+    options = {"guards": r.guards, "guard_kinds": r.guard_kinds, "needs": set(needs), **e.options.model_dump()}
+    return EnvContext(sandbox=sandbox, max_turns=e.max_turns, feedback_chars=e.feedback_chars, options=options)
 
 
 class Environment(ABC):

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from tempering.algos import lookup
 from tempering.registry import load_callable
-from tempering.rewards.guards import GUARDS, detect, parse_quietly
+from tempering.rewards.guards import GUARDS, parse_quietly
 from tempering.types import RewardResult, Task, Trajectory
 
 if TYPE_CHECKING:

@@ -38,35 +38,3 @@ def lint_findings(codes: list[str | None]) -> list[int | None]:
         for i, n in counts.items():
             out[i] = None if i in syntax else n
     return out
-
-
-def sample(
-    model,
-    tokenizer,
-    tasks: list[Task],
-    *,
-    group_size: int,
-    max_new_tokens: int,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
-    greedy: bool = False,
-    generator: torch.Generator | None = None,
-) -> tuple[list[Trajectory], Generation]:
-    """`group_size` completions per task (consecutive rows), not yet executed."""
-    prompts = [encode_prompt(tokenizer, task.prompt) for task in tasks for _ in range(group_size)]
-    gen = generate(model, tokenizer, prompts, max_new_tokens=max_new_tokens, temperature=temperature,
-                   top_p=top_p, greedy=greedy, generator=generator)
-    lengths = gen.response_mask.sum(1).long().tolist()
-    trajectories = [
-        Trajectory(task=tasks[i // group_size], group_id=i // group_size, completion=text, truncated=bool(trunc),
-                   response_tokens=n)
-        for i, (text, trunc, n) in enumerate(zip(gen.texts, gen.truncated, lengths))
-    ]
-    return trajectories, gen
-
-
-def rollout(model, tokenizer, tasks: list[Task], sandbox: Sandbox, **sampling) -> tuple[list[Trajectory], Generation]:
-    """Sample and execute: the trajectories carry their ExecResult."""
-    trajectories, gen = sample(model, tokenizer, tasks, **sampling)
-    execute(trajectories, sandbox)
-    return trajectories, gen

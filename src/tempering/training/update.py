@@ -8,8 +8,8 @@ import torch
 
 from tempering.algos import KL_ESTIMATORS, masked_mean
 from tempering.algos.losses import PolicyLoss
-from tempering.rollout.batch import RolloutBatch
 from tempering.models.forward import model_device, response_logprobs
+from tempering.rollout.batch import RolloutBatch
 
 
 def update_policy(

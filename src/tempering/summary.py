@@ -1,0 +1,74 @@
+"""The end of a run: `summary.json` (held-out pass@1 before and after RL, per domain, timings) and its
+console table (also `tempering report`)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from tempering import config_history
+from tempering.tracking import read_metrics
+from tempering.tracking.plot import plot_run
+from tempering.workspace import Workspace, write_json
+
+
+def write_summary(ws: Workspace, before: dict, after: dict, wall_time_s: float) -> dict[str, Any]:
+    rows = read_metrics(ws.run_dir / "metrics.jsonl")
+    sft_done = ws.run_dir / "sft" / "DONE.json"
+    rl_s = sum((r.get("timing_s/step") or 0) + (r.get("timing_s/checkpoint") or 0) for r in rows)
+    summary = {
+        "heldout_pass@1_before": before["sampled"]["overall"]["pass@1"],
+        "heldout_pass@1_after": after["sampled"]["overall"]["pass@1"],
+        "heldout_greedy_pass@1_before": before["greedy"]["overall"]["pass@1"],
+        "heldout_greedy_pass@1_after": after["greedy"]["overall"]["pass@1"],
+        "heldout_tasks": before["sampled"]["num_tasks"],
+        **({"heldout_first_turn_pass@1_before": before["sampled"]["overall"]["first_turn_pass@1"],
+            "heldout_first_turn_pass@1_after": after["sampled"]["overall"]["first_turn_pass@1"]}
+           if "first_turn_pass@1" in before["sampled"]["overall"] else {}),
+        "heldout_samples_per_task": before["sampled"]["samples"],
+        "temperature": before["sampled"]["temperature"],
+        "per_domain_before": {d: v["pass@1"] for d, v in before["sampled"]["per_domain"].items()},
+        "per_domain_after": {d: v["pass@1"] for d, v in after["sampled"]["per_domain"].items()},
+        "rl_steps": len(rows),
+        "rl_step_evaluated": after.get("evaluated", {}).get("step"),
+        "rl_steps_planned": ws.cfg.train.steps,
+        "wall_time_s": wall_time_s,
+        "wall_time_split_s": {
+            "sft": json.loads(sft_done.read_text())["wall_time_s"] if sft_done.is_file() else 0.0,
+            "eval_before": before["wall_time_s"],
+            "rl": rl_s,
+            "eval_after": after["wall_time_s"],
+        },
+    }
+    history = config_history.read_history(ws.run_dir)
+    if history:
+        summary["config_changes"] = history
+    write_json(ws.run_dir / "summary.json", summary)
+    val_before = {"val/pass@1": summary["heldout_pass@1_before"],
+                  "val/greedy_pass@1": summary["heldout_greedy_pass@1_before"]}
+    val_after = {"val/pass@1": summary["heldout_pass@1_after"],
+                 "val/greedy_pass@1": summary["heldout_greedy_pass@1_after"]}
+    plot_run(rows, ws.run_dir / "plot.png", before=val_before, after=val_after)
+    return summary
+
+
+def print_summary(console: Console, summary: dict[str, Any]) -> None:
+    table = Table(title=f"held-out pass@1 ({summary['heldout_tasks']} tasks, T={summary['temperature']})")
+    table.add_column("domain")
+    table.add_column("after SFT", justify="right")
+    table.add_column("after RL", justify="right")
+    for domain, value in summary["per_domain_before"].items():
+        table.add_row(domain, f"{value:.1%}", f"{summary['per_domain_after'][domain]:.1%}")
+    table.add_row("[bold]all (sampled)", f"{summary['heldout_pass@1_before']:.1%}",
+                  f"{summary['heldout_pass@1_after']:.1%}")
+    table.add_row("[bold]all (greedy)", f"{summary['heldout_greedy_pass@1_before']:.1%}",
+                  f"{summary['heldout_greedy_pass@1_after']:.1%}")
+    console.print(table)
+    console.print(f"wall time {summary['wall_time_s']:.0f} s")
+    evaluated, planned = summary.get("rl_step_evaluated"), summary.get("rl_steps_planned")
+    if evaluated is not None and planned is not None and evaluated < planned:
+        console.print(f"RL stopped at step {evaluated} of {planned} (train.max_time_s); run the same command "
+                      "again to continue (the evaluation after RL is then redone)")

@@ -1,0 +1,187 @@
+"""A run's workspace: every input checked, then the run directory and its resolved config written.
+
+`prepare` is where bad input fails - the config (and, on an existing run directory, whether it may differ
+from the recorded one), the model path, task files, a sandbox service that is down, the sandbox's
+interpreter, the checkpoint mirror's scheme - with one line naming the problem, before anything is
+written. Then the run directory, `config.yaml` and the task splits (`data/`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+
+from tempering import config_history
+from tempering.config import RunConfig
+from tempering.data import MixtureSampler, generate_tasks, load_tasks, save_tasks, split_stages
+from tempering.envs import env_context
+from tempering.errors import ConfigError, SandboxError
+from tempering.models.loading import check_model_dir, resolve_device
+from tempering.sandbox import LocalSandbox, RemoteSandbox, Sandbox, SandboxLimits
+from tempering.training.sft import Transcript
+from tempering.training.transcripts import sft_transcripts
+from tempering.types import Task
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Write `data` as JSON atomically (a crash leaves the old file or the new one, never half of one)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)
+
+
+@dataclass
+class Workspace:
+    cfg: RunConfig
+    run_dir: Path
+    train_tasks: list[Task]
+    heldout_tasks: list[Task]
+    sft_tasks: list[Task]
+    rl_tasks: list[Task]
+    console: Console
+    allow_config_change: bool = False
+    """`--allow-config-change`: a resumed run may change keys outside `config_history.MUTABLE`."""
+    _transcripts: list[tuple[Task, Transcript]] | None = None
+
+    def log(self, message: str) -> None:
+        self.console.print(message)
+
+    def transcripts(self, sandbox: Sandbox) -> list[tuple[Task, Transcript]]:
+        """SFT transcripts of the SFT tasks (built once; deterministic in the data seed)."""
+        if self._transcripts is None:
+            # Reference transcripts may need more turns than RL allows (retries of a flaky call).
+            ctx = env_context(self.cfg, sandbox)
+            ctx.max_turns = max(ctx.max_turns, 8)
+            self._transcripts = sft_transcripts(self.sft_tasks, ctx, repair_fraction=self.cfg.sft.repair_fraction,
+                                                seed=self.cfg.data.seed)
+        return self._transcripts
+
+
+def prepare(cfg: RunConfig, console: Console | None = None, allow_config_change: bool = False) -> Workspace:
+    """Validate the inputs, then create the run directory and write the resolved config.
+
+    On an existing run directory, a config that differs from the recorded one outside
+    `config_history.MUTABLE` is refused unless `allow_config_change`; every change is recorded."""
+    console = console or Console(stderr=True)
+    run_dir = Path(cfg.run.dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError(f"run.dir '{run_dir}' exists and is not a directory")
+    change = config_history.check_resume(run_dir, cfg, allow_config_change)
+    if cfg.model.path:
+        check_model_dir(cfg.model.path)
+    cfg.run.device = resolve_device(cfg.run.device)
+    check_sandbox_url(cfg)
+    _check_outside_inputs(cfg)
+    train = load_tasks(cfg.data.train_file) if cfg.data.train_file else None
+    heldout = load_tasks(cfg.data.heldout_file) if cfg.data.heldout_file else None
+    run_dir_data = run_dir / "data" / "heldout.jsonl"
+    if (train is None or heldout is None) and run_dir_data.is_file() and cfg.data.generator != "code":
+        # Generated once (reasoning-gym takes a while): a resumed run reads its own task files.
+        train = train if train is not None else load_tasks(run_dir / "data" / "train.jsonl")
+        heldout = heldout if heldout is not None else load_tasks(run_dir_data)
+    if train is None or heldout is None:
+        gen_train, gen_heldout = builtin_tasks(cfg)
+        train = train if train is not None else gen_train
+        heldout = heldout if heldout is not None else gen_heldout
+    _check_disjoint(train, heldout)
+    try:
+        sft, rl = split_stages(train, cfg.data.sft_fraction, cfg.data.seed)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    if cfg.data.mixture:
+        try:
+            MixtureSampler(rl, cfg.data.mixture, cfg.run.seed)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+    torch.set_num_threads(cfg.run.threads)
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if change is not None:
+        entry = config_history.record(run_dir, change, allow_config_change)
+        how = "accepted with --allow-config-change" if change.forced else "allowed on resume"
+        console.print(f"config changed ({how}): {change.describe()}; previous config kept in "
+                      f"{run_dir / entry['previous_config']}")
+    (run_dir / "config.yaml").write_text(cfg.to_yaml())
+    data_dir = run_dir / "data"
+    if not (data_dir / "heldout.jsonl").exists():
+        save_tasks(train, data_dir / "train.jsonl")
+        save_tasks(heldout, data_dir / "heldout.jsonl")
+    return Workspace(cfg, run_dir, train, heldout, sft, rl, console, allow_config_change=allow_config_change)
+
+
+def builtin_tasks(cfg: RunConfig) -> tuple[list[Task], list[Task]]:
+    """(train, held-out) from the generator named by `data.generator`."""
+    d = cfg.data
+    try:
+        if d.generator == "code":
+            return generate_tasks(d.num_train, d.num_heldout, d.seed, d.domains)
+        if d.generator == "tools":
+            from tempering.envs.tool_tasks import generate_tool_tasks
+
+            return generate_tool_tasks(d.num_train, d.num_heldout, d.seed)
+        if d.generator == "answer":
+            from tempering.envs.answer import generate_answer_tasks
+
+            return generate_answer_tasks(d.num_train, d.num_heldout, d.seed, d.domains)
+        from tempering.envs.gym import gym_datasets, gym_tasks
+
+        names = d.gym_datasets or gym_datasets()
+        return gym_tasks(names, max(1, d.num_train // len(names)), d.gym_heldout_per_domain, d.seed,
+                         config=d.gym_config, max_prompt_chars=d.gym_max_prompt_chars)
+    except (ValueError, ImportError) as e:
+        raise ConfigError(f"data ({d.generator} tasks): {e}") from None
+
+
+def _check_disjoint(train: list[Task], heldout: list[Task]) -> None:
+    overlap = {t.prompt for t in train} & {t.prompt for t in heldout}
+    if overlap:
+        raise ConfigError(f"{len(overlap)} held-out task prompt(s) also appear among the training tasks")
+
+
+def check_sandbox_url(cfg: RunConfig, timeout_s: float = 5.0) -> None:
+    """A `sandbox.url` whose /health does not answer within a few seconds fails now, before anything is
+    written (make_sandbox asks again, with the client's full retries, when the sandbox is opened)."""
+    if not cfg.sandbox.url:
+        return
+    probe = RemoteSandbox(cfg.sandbox.url, timeout_s=timeout_s, retries=1, backoff_s=0.2)
+    try:
+        probe.health()
+    except SandboxError as e:
+        raise ConfigError(f"sandbox.url: {' '.join(str(e).split())}") from None
+    except ValueError:  # a 200 that is not JSON: some other server
+        raise ConfigError(f"sandbox.url: {cfg.sandbox.url}/health did not answer as a tempering sandbox service "
+                          "(`tempering sandbox serve`)") from None
+    finally:
+        probe.close()
+
+
+def _check_outside_inputs(cfg: RunConfig) -> None:
+    """Names of things outside the config that are otherwise first used after SFT: the interpreter that
+    runs programs, the checkpoint store's URL scheme (no network: the store is only parsed)."""
+    python = cfg.sandbox.python
+    if python and not cfg.sandbox.url and not shutil.which(python):
+        raise ConfigError(f"sandbox.python: '{python}' is not an executable (a path, or a name on PATH)")
+    if cfg.checkpoint.uri:
+        from tempering.checkpoint import RemoteStore
+
+        RemoteStore(cfg.checkpoint.uri, cfg.checkpoint.storage)  # an unknown scheme or missing driver fails here
+
+
+def make_sandbox(cfg: RunConfig) -> Sandbox:
+    """The local worker pool, or the service at `sandbox.url` (checked before training starts)."""
+    s = cfg.sandbox
+    limits = SandboxLimits(timeout_s=s.timeout_s, cpu_s=s.cpu_s, memory_mb=s.memory_mb,
+                           max_output_bytes=s.max_output_bytes)
+    if s.url:
+        remote = RemoteSandbox(s.url, limits)
+        remote.health()  # a service that is down is reported now, not after the model is loaded
+        return remote
+    return LocalSandbox(limits, workers=s.workers, python=s.python, isolation=s.isolation,
+                        scratch_mb=s.scratch_mb)
