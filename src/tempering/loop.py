@@ -12,7 +12,6 @@ from __future__ import annotations
 import signal
 import threading
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -25,19 +24,18 @@ from tempering.algos import (
     lookup,
     masked_mean,
     masked_whiten,
-    needs_critic,
 )
 from tempering.config import RunConfig
 from tempering.envs import env_context
 from tempering.errors import Preempted
-from tempering.eval.evaluate import evaluate
+from tempering.eval.evaluate import validation_metrics
 from tempering.rewards import RewardFunction
 from tempering.rollout.batch import RolloutBatch, collate, concat_batches
 from tempering.rollout.engine import LocalEngine, SamplingParams
 from tempering.rollout.episodes import Episode, run_episodes
 from tempering.sandbox import Sandbox
 from tempering.state import TrainState
-from tempering.tracking import Tracker
+from tempering.tracking import Timer, Tracker
 from tempering.tracking.metrics import rollout_metrics, sample_rows
 from tempering.training.critic import update_critic
 from tempering.training.update import update_policy
@@ -51,17 +49,6 @@ def step_seed(seed: int, step: int, stream: int = 0) -> int:
 
 def step_generator(seed: int, step: int, stream: int = 0) -> torch.Generator:
     return torch.Generator().manual_seed(step_seed(seed, step, stream))
-
-
-@dataclass
-class Timer:
-    seconds: dict[str, float] = field(default_factory=dict)
-
-    @contextmanager
-    def __call__(self, name: str):
-        start = time.perf_counter()
-        yield
-        self.seconds[f"timing_s/{name}"] = self.seconds.get(f"timing_s/{name}", 0.0) + time.perf_counter() - start
 
 
 @dataclass
@@ -216,18 +203,11 @@ class RLTrainer:
     def validate(self, step: int) -> dict[str, float]:
         """Held-out pass@1 on the first `eval.val_tasks` tasks: sampled (2 per task) and greedy."""
         cfg = self.cfg
-        tasks = self.heldout_tasks[: cfg.eval.val_tasks]
         engine = LocalEngine(self.state.policy, self.state.tokenizer,
                              SamplingParams(cfg.eval.temperature, 1.0, cfg.rollout.max_new_tokens))
-        kw = dict(max_context=cfg.env.max_context, chat=cfg.env.chat_format)
-        sampled = evaluate(engine, tasks, self.ctx, samples=2, seed=step_seed(cfg.run.seed, step, 2), **kw)
-        greedy = evaluate(engine, tasks, self.ctx, greedy=True, **kw)
-        m = {"val/pass@1": sampled.overall["pass@1"], "val/greedy_pass@1": greedy.overall["pass@1"]}
-        if "first_turn_pass@1" in sampled.overall:
-            m["val/first_turn_pass@1"] = sampled.overall["first_turn_pass@1"]
-        for domain, scores in sampled.per_domain.items():
-            m[f"val/{domain}/pass@1"] = scores["pass@1"]
-        return m
+        return validation_metrics(engine, self.heldout_tasks[: cfg.eval.val_tasks], self.ctx,
+                                  seed=step_seed(cfg.run.seed, step, 2), max_context=cfg.env.max_context,
+                                  chat=cfg.env.chat_format)
 
     # ---------------------------------------------------------------------------------- the loop
 
@@ -273,8 +253,3 @@ class RLTrainer:
                 self.log(f"train.max_time_s ({cfg.train.max_time_s:.0f} s) reached after step {step}")
                 break
         return step
-
-
-def uses_critic(cfg: RunConfig) -> bool:
-    """Whether the run's estimator (a registry name or user code) reads critic values."""
-    return needs_critic(lookup(ADVANTAGE_ESTIMATORS, cfg.algo.estimator, "advantage estimator"))

@@ -23,7 +23,7 @@ from tempering.config import RunConfig
 from tempering.envs import env_context
 from tempering.envs.tools import tool_declarations
 from tempering.eval.evaluate import EvalReport, evaluate
-from tempering.loop import RLTrainer, uses_critic
+from tempering.loop import RLTrainer
 from tempering.models.loading import (
     build_tiny_model,
     load_model,
@@ -157,7 +157,7 @@ def rl_stage(ws: Workspace, start: Path, sandbox: Sandbox) -> tuple[Path, int]:
     """RL from the newest checkpoint (or `start`) to `train.steps` or `train.max_time_s`.
     -> (the final checkpoint's model directory, its step)"""
     cfg = ws.cfg
-    state = TrainState.build_or_resume(cfg, ws.run_dir, ws.rl_tasks, start, needs_critic=uses_critic(cfg),
+    state = TrainState.build_or_resume(cfg, ws.run_dir, ws.rl_tasks, start,
                                        allow_config_change=ws.allow_config_change, log=ws.log)
     last = state.step
     try:

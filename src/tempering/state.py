@@ -17,7 +17,7 @@ import torch
 
 from tempering import checkpoint as ckpt
 from tempering import config_history
-from tempering.algos import KLController
+from tempering.algos import ADVANTAGE_ESTIMATORS, KLController, lookup, needs_critic
 from tempering.config import RunConfig
 from tempering.data import MixtureSampler, TaskSampler
 from tempering.models.loading import load_model, load_tokenizer
@@ -44,7 +44,7 @@ class TrainState:
 
     @classmethod
     def build_or_resume(cls, cfg: RunConfig, run_dir: Path, train_tasks: list[Task], start_model_dir: Path,
-                        *, needs_critic: bool, allow_config_change: bool = False, log=print) -> TrainState:
+                        *, allow_config_change: bool = False, log=print) -> TrainState:
         algo, c = cfg.algo, cfg.checkpoint
         remote = ckpt.RemoteStore(c.uri, c.storage, retries=c.upload_retries, backoff_s=c.retry_backoff_s,
                                   log=log) if c.uri else None
@@ -70,7 +70,7 @@ class TrainState:
         if algo.kl_coef > 0:
             state.ref = load_model(start_model_dir, dtype=cfg.model.dtype, device=cfg.run.device).eval()
             state.ref.requires_grad_(False)
-        if needs_critic:
+        if needs_critic(lookup(ADVANTAGE_ESTIMATORS, algo.estimator, "advantage estimator")):
             critic_dir = latest.path / "critic" if latest else start_model_dir
             state.critic = Critic.from_pretrained(critic_dir, dtype=cfg.model.dtype, device=cfg.run.device)
             state.critic_optimizer = make_optimizer(state.critic, lr=algo.critic.lr)

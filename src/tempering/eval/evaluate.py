@@ -85,3 +85,17 @@ def evaluate(
         mean_reward_tests=passed / max(1, len(episodes)),
         per_task={t.id: correct[t.id] for t in ordered},
     )
+
+
+def validation_metrics(engine: Engine, tasks: list[Task], ctx: EnvContext, *, seed: int, max_context: int,
+                       chat: str = "auto") -> dict[str, float]:
+    """The loop's validation row: sampled pass@1 (2 per task), greedy pass@1, first-turn and per-domain."""
+    kw = dict(max_context=max_context, chat=chat)
+    sampled = evaluate(engine, tasks, ctx, samples=2, seed=seed, **kw)
+    greedy = evaluate(engine, tasks, ctx, greedy=True, **kw)
+    m = {"val/pass@1": sampled.overall["pass@1"], "val/greedy_pass@1": greedy.overall["pass@1"]}
+    if "first_turn_pass@1" in sampled.overall:
+        m["val/first_turn_pass@1"] = sampled.overall["first_turn_pass@1"]
+    for domain, scores in sampled.per_domain.items():
+        m[f"val/{domain}/pass@1"] = scores["pass@1"]
+    return m

@@ -11,6 +11,8 @@ import json
 import math
 import sys
 import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,19 @@ from rich.progress import (
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
+
+
+@dataclass
+class Timer:
+    """Seconds per named phase of a step (`timing_s/<name>`), summed when a phase runs more than once."""
+
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @contextmanager
+    def __call__(self, name: str):
+        start = time.perf_counter()
+        yield
+        self.seconds[f"timing_s/{name}"] = self.seconds.get(f"timing_s/{name}", 0.0) + time.perf_counter() - start
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
