@@ -32,14 +32,14 @@ from tempering.eval.evaluate import validation_metrics
 from tempering.rewards import RewardFunction
 from tempering.rollout.batch import RolloutBatch, collate, concat_batches
 from tempering.rollout.engine import LocalEngine, SamplingParams
-from tempering.rollout.episodes import Episode, run_episodes
+from tempering.rollout.episodes import Rollout, run_episodes
 from tempering.sandbox import Sandbox
 from tempering.state import TrainState
 from tempering.tracking import Timer, Tracker
 from tempering.tracking.metrics import rollout_metrics, sample_rows
 from tempering.training.critic import update_critic
 from tempering.training.update import update_policy
-from tempering.types import RewardResult, Task
+from tempering.types import Task
 
 
 def step_seed(seed: int, step: int, stream: int = 0) -> int:
@@ -52,14 +52,11 @@ def step_generator(seed: int, step: int, stream: int = 0) -> torch.Generator:
 
 
 @dataclass
-class Rollout:
-    """What `collect` returns: the scored episodes and the batch the trainer consumes."""
+class StepResult:
+    """What one step leaves for the log: its metric row and its sample rows."""
 
-    episodes: list[Episode]
-    rewards: list[RewardResult]
-    batch: RolloutBatch
-    metrics: dict[str, float] = field(default_factory=dict)
-    """DAPO's dynamic-sampling counts, when it is on."""
+    metrics: dict[str, float]
+    samples: list[dict] = field(default_factory=list)
 
 
 class RLTrainer:
@@ -80,13 +77,13 @@ class RLTrainer:
 
     # ------------------------------------------------------------------------------------ one step
 
-    def step(self, step: int) -> tuple[dict[str, float], list[dict]]:
+    def step(self, step: int) -> StepResult:
         timer = Timer()
         with timer("step"):
             rollout = self.collect(step, timer)
             batch = rollout.batch
             if len(batch) == 0:  # dynamic sampling found no group with a learning signal
-                return {"actor/trained_fraction": 0.0, **rollout.metrics, **timer.seconds}, []
+                return StepResult({"actor/trained_fraction": 0.0, **rollout.metrics, **timer.seconds})
             metrics = self.score(batch, timer)
             with timer("adv"):
                 self.estimate(batch)
@@ -100,7 +97,7 @@ class RLTrainer:
                     metrics |= self.validate(step)
         metrics |= timer.seconds
         metrics["perf/tokens_per_s"] = batch.num_tokens() / timer.seconds["timing_s/step"]
-        return metrics, sample_rows(rollout.episodes, rollout.rewards, batch)
+        return StepResult(metrics, sample_rows(rollout.episodes, rollout.rewards, batch))
 
     def sample_round(self, step: int, round_: int, timer: Timer) -> Rollout:
         """`prompts_per_step` tasks x `group_size` episodes, run, rewarded and collated."""
@@ -232,14 +229,15 @@ class RLTrainer:
         cfg, state = self.cfg, self.state
         pending_checkpoint_s, began, step = 0.0, time.monotonic(), state.step
         for step in range(state.step + 1, cfg.train.steps + 1):
-            metrics, rows = self.step(step)
+            result = self.step(step)
+            metrics = result.metrics
             # A save happens after its step's row is written (so a crash can never lose a row that a
             # checkpoint already covers); its duration is reported in the next row.
             if pending_checkpoint_s:
                 metrics["timing_s/checkpoint"], pending_checkpoint_s = pending_checkpoint_s, 0.0
             tracker.log(step, metrics)
             if cfg.tracking.samples_every and step % cfg.tracking.samples_every == 0:
-                tracker.write_samples(step, rows)
+                tracker.write_samples(step, result.samples)
             out_of_time = cfg.train.max_time_s is not None and time.monotonic() - began >= cfg.train.max_time_s
             if step % cfg.checkpoint.every == 0 or step == cfg.train.steps or out_of_time or self.stop_signal:
                 start = time.perf_counter()

@@ -21,9 +21,10 @@ from dataclasses import dataclass, field
 import torch
 
 from tempering.envs import EnvContext, Environment, make_env
+from tempering.rollout.batch import RolloutBatch
 from tempering.rollout.chat import Conversation, chat_format
 from tempering.rollout.engine import Engine
-from tempering.types import Task, Turn
+from tempering.types import RewardResult, Task, Turn
 
 
 @dataclass
@@ -140,3 +141,14 @@ def _record_action(e: Episode, gen, row: int, room: int, tokenizer, max_new_toke
     e.logprobs += gen.logprobs[row, :n].tolist()
     e.turn_ends.append(len(e.ids) - 1)
     return tokenizer.decode(ids[:-1] if ended else ids, skip_special_tokens=False), ended, n
+
+
+@dataclass
+class Rollout:
+    """What `collect` returns: the scored episodes and the batch the trainer consumes."""
+
+    episodes: list[Episode]
+    rewards: list[RewardResult]
+    batch: RolloutBatch
+    metrics: dict[str, float] = field(default_factory=dict)
+    """DAPO's dynamic-sampling counts, when it is on."""
