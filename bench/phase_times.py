@@ -23,7 +23,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPES = {"tiny-code": "configs/tiny-code.yaml", "code-repair": "configs/code-repair.yaml"}
-COMMON = ["data.num_train=3000", "eval.every=0", "checkpoint.every=100000", "tracking.progress=false",
+COMMON = ["data.num_train=3000", "data.num_heldout=64", "eval.samples=1", "eval.every=0", "checkpoint.every=100000", "tracking.progress=false",
           "tracking.tensorboard=false", "tracking.samples_every=0"]
 
 
@@ -49,7 +49,7 @@ def main() -> None:
     parser.add_argument("--old", required=True, help="git revision of the old code")
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--sft-steps", type=int, default=300)
+    parser.add_argument("--sft-steps", type=int, default=200)
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="phase-times-"))
     old_tree = work / "old"
