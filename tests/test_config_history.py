@@ -50,7 +50,7 @@ def test_other_change_is_refused_on_one_line_naming_the_keys(tmp_path):
         ch.check_resume(run_dir, cfg, allow=False)
     msg = str(e.value)
     assert "\n" not in msg and "--allow-config-change" in msg
-    assert "algo.lr 0.0001 -> 0.0005" in msg and "reward.weights.format 0.1 -> <unset>" in msg
+    assert "algo.lr 0.0001 -> 0.0005" in msg and "reward.weights.tests <unset> -> 1.0" in msg
     assert "train.steps 150" not in msg  # a key that may change is not what the refusal is about
     assert sorted(p.name for p in run_dir.iterdir()) == before  # checking writes nothing
 
