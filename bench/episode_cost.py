@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from tempering.algos import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
+from tempering.algos import ADVANTAGE_ESTIMATORS, POLICY_LOSSES, AdvantageInputs
 from tempering.data import generate_tasks, load_tasks
 from tempering.envs import EnvContext
 from tempering.models.loading import load_model, load_tokenizer
@@ -64,8 +64,8 @@ def main() -> None:
                                     generator=torch.Generator().manual_seed(0))
             rollout_s = time.perf_counter() - start
             batch = collate(episodes, RewardFunction().score(episodes), tokenizer)
-            batch.advantages, batch.returns = ADVANTAGE_ESTIMATORS["grpo"](batch.rewards, batch.response_mask,
-                                                                           batch.group_ids)
+            inputs = AdvantageInputs(batch.rewards, batch.response_mask, batch.group_ids)
+            batch.advantages, batch.returns = ADVANTAGE_ESTIMATORS["grpo"](inputs)
             optimizer = make_optimizer(model, lr=0.0)  # lr 0: timing only, the model stays as it is
             start = time.perf_counter()
             update_policy(model, optimizer, batch.informative(), policy_loss=POLICY_LOSSES["ppo_clip"],

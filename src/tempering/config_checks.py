@@ -59,11 +59,11 @@ def _check_algo(cfg: RunConfig) -> None:
     a = cfg.algo
     if not _known("algo.estimator", a.estimator, ADVANTAGE_ESTIMATORS):
         # The call of loop.RLTrainer.estimate (docs/algorithms.md, "Advantage estimators").
-        _user_function("algo.estimator", a.estimator, "advantage estimator", _ARG, _ARG, _ARG, values=None,
-                       token_rewards=None, scale_by_std=a.scale_by_std, gamma=a.gamma, lam=a.lam)
+        _user_function("algo.estimator", a.estimator, "advantage estimator", _ARG,
+                       scale_by_std=a.scale_by_std, gamma=a.gamma, lam=a.lam)
     if not _known("algo.policy_loss", a.policy_loss, POLICY_LOSSES):
         # The call of training.update.update_policy.
-        _user_function("algo.policy_loss", a.policy_loss, "policy loss", _ARG, _ARG, _ARG, _ARG,
+        _user_function("algo.policy_loss", a.policy_loss, "policy loss", _ARG,
                        clip_ratio=a.clip_ratio, clip_ratio_low=a.clip_ratio_low, clip_ratio_high=a.clip_ratio_high,
                        clip_ratio_c=a.clip_ratio_c, loss_agg=a.loss_agg, norm_length=1)
     if a.loss_agg not in LOSS_AGGREGATIONS:

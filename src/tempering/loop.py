@@ -20,6 +20,7 @@ from tempering.algos import (
     ADVANTAGE_ESTIMATORS,
     KL_ESTIMATORS,
     POLICY_LOSSES,
+    AdvantageInputs,
     group_mean_std,
     lookup,
     masked_mean,
@@ -159,9 +160,8 @@ class RLTrainer:
 
     def estimate(self, batch: RolloutBatch) -> None:
         algo = self.cfg.algo
-        batch.advantages, batch.returns = self.estimator(
-            batch.rewards, batch.response_mask, batch.group_ids, values=batch.values, token_rewards=batch.token_rewards,
-            scale_by_std=algo.scale_by_std, gamma=algo.gamma, lam=algo.lam)
+        x = AdvantageInputs(batch.rewards, batch.response_mask, batch.group_ids, batch.values, batch.token_rewards)
+        batch.advantages, batch.returns = self.estimator(x, scale_by_std=algo.scale_by_std, gamma=algo.gamma, lam=algo.lam)
         if algo.whiten_advantages:
             batch.advantages = masked_whiten(batch.advantages, batch.response_mask) * batch.response_mask
 

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from tempering.algos import ADVANTAGE_ESTIMATORS, grpo, grpo_advantages, lookup
+from tempering.algos import ADVANTAGE_ESTIMATORS, AdvantageInputs, grpo, grpo_advantages, lookup
 
 
 def grpo_loop(rewards, group_ids, scale_by_std=True, eps=1e-6):
@@ -48,7 +48,7 @@ def test_grpo_invariant_to_shifting_rewards():
 def test_grpo_registry_entry_broadcasts_over_response_tokens():
     rewards = torch.tensor([1.0, 0.0])
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
-    adv, returns = grpo(rewards, mask, torch.tensor([0, 0]))
+    adv, returns = grpo(AdvantageInputs(rewards, mask, torch.tensor([0, 0])))
     assert adv.shape == (2, 3)
     assert adv[0, 2] == 0 and adv[1, 1] == 0  # padding gets no advantage
     assert adv[0, 0] == adv[0, 1] > 0 > adv[1, 0]

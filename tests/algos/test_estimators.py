@@ -4,7 +4,15 @@ a hand-computed case, and a property."""
 import pytest
 import torch
 
-from tempering.algos import ADVANTAGE_ESTIMATORS, discounted_returns, dr_grpo, gae, reinforce_pp, rloo
+from tempering.algos import (
+    ADVANTAGE_ESTIMATORS,
+    AdvantageInputs,
+    discounted_returns,
+    dr_grpo,
+    gae,
+    reinforce_pp,
+    rloo,
+)
 
 
 def ragged(seed=0, b=12, t=6, groups=3):
@@ -30,7 +38,7 @@ def rloo_loop(rewards, group_ids):
 
 def test_rloo_matches_loop_reference_and_sums_to_zero_per_group():
     rewards, mask, group_ids, _ = ragged()
-    adv, _ = rloo(rewards, mask, group_ids)
+    adv, _ = rloo(AdvantageInputs(rewards, mask, group_ids))
     want = torch.tensor(rloo_loop(rewards.tolist(), group_ids.tolist()))
     torch.testing.assert_close(adv[:, 0], want, atol=1e-6, rtol=1e-6)
     for g in group_ids.unique():
@@ -40,7 +48,8 @@ def test_rloo_matches_loop_reference_and_sums_to_zero_per_group():
 
 def test_rloo_hand_computed():
     # Group [1, 0, 0]: 1 - (0+0)/2 = 1; 0 - (1+0)/2 = -0.5 twice. A lone sample gets 0.
-    adv, _ = rloo(torch.tensor([1.0, 0.0, 0.0, 0.7]), torch.ones(4, 1), torch.tensor([0, 0, 0, 1]))
+    x = AdvantageInputs(torch.tensor([1.0, 0.0, 0.0, 0.7]), torch.ones(4, 1), torch.tensor([0, 0, 0, 1]))
+    adv, _ = rloo(x)
     torch.testing.assert_close(adv[:, 0], torch.tensor([1.0, -0.5, -0.5, 0.0]))
 
 
@@ -70,21 +79,21 @@ def test_reinforce_pp_hand_computed_and_whitened():
     # Two sequences of 2 tokens, rewards 1 and 0, gamma 1: returns [[1, 1], [0, 0]] -> whitened +-0.866
     # (unbiased std over the 4 tokens = sqrt(1/3)).
     mask = torch.ones(2, 2)
-    adv, returns = reinforce_pp(torch.tensor([1.0, 0.0]), mask, torch.tensor([0, 1]))
+    adv, returns = reinforce_pp(AdvantageInputs(torch.tensor([1.0, 0.0]), mask, torch.tensor([0, 1])))
     torch.testing.assert_close(returns, torch.tensor([[1.0, 1.0], [0.0, 0.0]]))
     torch.testing.assert_close(adv, torch.tensor([[0.8660254, 0.8660254], [-0.8660254, -0.8660254]]))
     rewards, mask, group_ids, _ = ragged(2)
-    adv, _ = reinforce_pp(rewards, mask, group_ids)
+    adv, _ = reinforce_pp(AdvantageInputs(rewards, mask, group_ids))
     assert abs(float((adv * mask).sum() / mask.sum())) < 1e-5
 
 
 def test_reinforce_pp_baseline_subtracts_the_group_mean_first():
     rewards, mask, group_ids, _ = ragged(3)
     shifted = rewards + 5.0 * (group_ids == 1).float()  # a per-group offset is removed by the baseline
-    a, _ = ADVANTAGE_ESTIMATORS["reinforce_pp_baseline"](rewards, mask, group_ids)
-    b, _ = ADVANTAGE_ESTIMATORS["reinforce_pp_baseline"](shifted, mask, group_ids)
+    a, _ = ADVANTAGE_ESTIMATORS["reinforce_pp_baseline"](AdvantageInputs(rewards, mask, group_ids))
+    b, _ = ADVANTAGE_ESTIMATORS["reinforce_pp_baseline"](AdvantageInputs(shifted, mask, group_ids))
     torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
-    c, _ = reinforce_pp(shifted, mask, group_ids)
+    c, _ = reinforce_pp(AdvantageInputs(shifted, mask, group_ids))
     assert not torch.allclose(a, c, atol=1e-2)
 
 
@@ -92,7 +101,7 @@ def test_token_rewards_are_credited_where_they_occur():
     mask = torch.ones(1, 3)
     token_rewards = torch.tensor([[0.0, 0.5, 0.0]])
     returns = discounted_returns(torch.tensor([[0.0, 0.5, 1.0]]), mask)  # what reinforce_pp should build
-    _, got = reinforce_pp(torch.tensor([1.0]), mask, torch.tensor([0]), token_rewards=token_rewards)
+    _, got = reinforce_pp(AdvantageInputs(torch.tensor([1.0]), mask, torch.tensor([0]), token_rewards=token_rewards))
     torch.testing.assert_close(got, returns)
 
 
@@ -121,7 +130,7 @@ def gae_loop(rewards, mask, values, gamma, lam):
 @pytest.mark.parametrize("gamma,lam", [(1.0, 0.95), (0.9, 0.8), (1.0, 1.0)])
 def test_gae_matches_loop_reference(gamma, lam):
     rewards, mask, group_ids, values = ragged(4)
-    adv, ret = gae(rewards, mask, group_ids, values, gamma=gamma, lam=lam)
+    adv, ret = gae(AdvantageInputs(rewards, mask, group_ids, values), gamma=gamma, lam=lam)
     want_adv, want_ret = gae_loop(rewards.tolist(), mask.tolist(), values.tolist(), gamma, lam)
     torch.testing.assert_close(adv, torch.tensor(want_adv), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(ret, torch.tensor(want_ret) * mask, atol=1e-5, rtol=1e-5)
@@ -130,7 +139,8 @@ def test_gae_matches_loop_reference(gamma, lam):
 def test_gae_with_lambda_and_gamma_one_and_zero_values_is_reward_to_go():
     rewards, mask, group_ids, values = ragged(5)
     token_rewards = torch.randn(mask.shape, generator=torch.Generator().manual_seed(9)) * mask
-    adv, _ = gae(rewards, mask, group_ids, torch.zeros_like(values), token_rewards=token_rewards, gamma=1.0, lam=1.0)
+    x = AdvantageInputs(rewards, mask, group_ids, torch.zeros_like(values), token_rewards=token_rewards)
+    adv, _ = gae(x, gamma=1.0, lam=1.0)
     lengths = mask.sum(1).long()
     per_token = token_rewards.clone()
     per_token[torch.arange(len(rewards)), lengths - 1] += rewards
@@ -140,14 +150,15 @@ def test_gae_with_lambda_and_gamma_one_and_zero_values_is_reward_to_go():
 def test_gae_hand_computed():
     # One sequence of 2 tokens, V = [0.5, 0.2], reward 1 at the end, gamma = 1, lambda = 0.5:
     # delta_1 = 1 - 0.2 = 0.8, delta_0 = 0 + 0.2 - 0.5 = -0.3; A_1 = 0.8, A_0 = -0.3 + 0.5 * 0.8 = 0.1.
-    adv, ret = gae(torch.tensor([1.0]), torch.ones(1, 2), torch.tensor([0]), torch.tensor([[0.5, 0.2]]), lam=0.5)
+    x = AdvantageInputs(torch.tensor([1.0]), torch.ones(1, 2), torch.tensor([0]), torch.tensor([[0.5, 0.2]]))
+    adv, ret = gae(x, lam=0.5)
     torch.testing.assert_close(adv, torch.tensor([[0.1, 0.8]]))
     torch.testing.assert_close(ret, torch.tensor([[0.6, 1.0]]))
 
 
 def test_gae_needs_values():
     with pytest.raises(ValueError, match="critic"):
-        gae(torch.tensor([1.0]), torch.ones(1, 2), torch.tensor([0]))
+        gae(AdvantageInputs(torch.tensor([1.0]), torch.ones(1, 2), torch.tensor([0])))
 
 
 # ------------------------------------------------------------------------------------- Dr. GRPO
@@ -155,17 +166,18 @@ def test_gae_needs_values():
 
 def test_dr_grpo_is_grpo_without_std_and_invariant_to_shifts():
     rewards, mask, group_ids, _ = ragged(6)
-    a, _ = dr_grpo(rewards, mask, group_ids)
-    b, _ = dr_grpo(rewards + 2.5, mask, group_ids)
+    a, _ = dr_grpo(AdvantageInputs(rewards, mask, group_ids))
+    b, _ = dr_grpo(AdvantageInputs(rewards + 2.5, mask, group_ids))
     torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(a[:, 0] * 2, dr_grpo(rewards * 2, mask, group_ids)[0][:, 0], atol=1e-5, rtol=1e-5)
+    doubled, _ = dr_grpo(AdvantageInputs(rewards * 2, mask, group_ids))
+    torch.testing.assert_close(a[:, 0] * 2, doubled[:, 0], atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("name", sorted(ADVANTAGE_ESTIMATORS))
 def test_every_estimator_shares_one_signature_and_masks_padding(name):
     rewards, mask, group_ids, values = ragged(7)
-    adv, ret = ADVANTAGE_ESTIMATORS[name](rewards, mask, group_ids, values=values, token_rewards=None,
-                                         scale_by_std=True, gamma=1.0, lam=0.95)
+    x = AdvantageInputs(rewards, mask, group_ids, values=values)
+    adv, ret = ADVANTAGE_ESTIMATORS[name](x, scale_by_std=True, gamma=1.0, lam=0.95)
     assert adv.shape == ret.shape == mask.shape
     assert (adv[mask == 0] == 0).all()
 
@@ -175,8 +187,8 @@ def test_needing_a_critic_is_a_property_of_the_estimator():
 
     assert [n for n, fn in ADVANTAGE_ESTIMATORS.items() if needs_critic(fn)] == ["gae"]
 
-    def my_estimator(rewards, response_mask, group_ids, values=None, **_):
-        return values, values
+    def my_estimator(x, **_):
+        return x.values, x.values
 
     assert not needs_critic(my_estimator)
     my_estimator.needs_critic = True  # a user estimator that reads `values` says so

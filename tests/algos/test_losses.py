@@ -5,6 +5,7 @@ import torch
 
 from tempering.algos import (
     LOSS_AGGREGATIONS,
+    LossInputs,
     clipped_value_loss,
     kl_k1,
     kl_k2,
@@ -34,7 +35,7 @@ def test_ppo_clip_matches_loop_reference():
     old = logp + 0.3 * torch.randn(6, 5, generator=gen)
     adv = torch.randn(6, 5, generator=gen)
     mask = (torch.rand(6, 5, generator=gen) > 0.3).float()
-    loss, metrics = ppo_clip_loss(logp, old, adv, mask, clip_ratio=0.2)
+    loss, metrics = ppo_clip_loss(LossInputs(logp, old, adv, mask), clip_ratio=0.2)
     assert math.isclose(float(loss), ppo_loop(logp.tolist(), old.tolist(), adv.tolist(), mask.tolist(), 0.2),
                         rel_tol=1e-5)
     assert 0.0 < float(metrics["pg_clipfrac"]) < 1.0
@@ -45,7 +46,7 @@ def test_ppo_clip_hand_computed():
     logp = torch.log(torch.tensor([[1.5, 0.5]]))
     old = torch.zeros(1, 2)
     adv = torch.ones(1, 2)
-    loss, metrics = ppo_clip_loss(logp, old, adv, torch.ones(1, 2), clip_ratio=0.2)
+    loss, metrics = ppo_clip_loss(LossInputs(logp, old, adv, torch.ones(1, 2)), clip_ratio=0.2)
     assert math.isclose(float(loss), (-1.2 - 0.5) / 2, rel_tol=1e-6)
     assert float(metrics["pg_clipfrac"]) == 0.5
 
@@ -54,7 +55,7 @@ def test_ppo_on_policy_gradient_is_the_policy_gradient():
     # At ratio 1 the clipped objective's gradient equals -A * grad(logp) / N.
     logp = torch.tensor([[-0.5, -1.0, -2.0]], requires_grad=True)
     adv = torch.tensor([[1.0, -2.0, 0.5]])
-    loss, _ = ppo_clip_loss(logp, logp.detach(), adv, torch.ones(1, 3))
+    loss, _ = ppo_clip_loss(LossInputs(logp, logp.detach(), adv, torch.ones(1, 3)))
     loss.backward()
     torch.testing.assert_close(logp.grad, -adv / 3)
 
@@ -119,7 +120,8 @@ def test_ppo_clip_higher_and_dual_clip_match_loop(low, high, c):
     logp, old = torch.randn(4, 5, generator=gen), torch.randn(4, 5, generator=gen)
     adv = torch.randn(4, 5, generator=gen) * 2
     mask = torch.ones(4, 5)
-    loss, metrics = ppo_clip_loss(logp, old, adv, mask, clip_ratio_low=low, clip_ratio_high=high, clip_ratio_c=c)
+    x = LossInputs(logp, old, adv, mask)
+    loss, metrics = ppo_clip_loss(x, clip_ratio_low=low, clip_ratio_high=high, clip_ratio_c=c)
     want = torch.tensor(ppo_loop_general(logp.tolist(), old.tolist(), adv.tolist(), mask.tolist(), low, high, c))
     torch.testing.assert_close(loss, want.mean(), atol=1e-5, rtol=1e-5)
     assert ("pg_clipfrac_lower" in metrics) == (c is not None)
@@ -127,10 +129,10 @@ def test_ppo_clip_higher_and_dual_clip_match_loop(low, high, c):
 
 def test_dual_clip_hand_computed():
     # ratio e^2 = 7.39 on a token with A = -1: PPO's loss would be 7.39; dual-clip with c = 3 caps it at 3.
-    loss, _ = ppo_clip_loss(torch.tensor([[2.0]]), torch.tensor([[0.0]]), torch.tensor([[-1.0]]), torch.ones(1, 1),
-                            clip_ratio_c=3.0)
+    x = LossInputs(torch.tensor([[2.0]]), torch.tensor([[0.0]]), torch.tensor([[-1.0]]), torch.ones(1, 1))
+    loss, _ = ppo_clip_loss(x, clip_ratio_c=3.0)
     assert float(loss) == pytest.approx(3.0)
-    loss, _ = ppo_clip_loss(torch.tensor([[2.0]]), torch.tensor([[0.0]]), torch.tensor([[-1.0]]), torch.ones(1, 1))
+    loss, _ = ppo_clip_loss(x)
     assert float(loss) == pytest.approx(math.exp(2.0))
 
 
@@ -158,13 +160,13 @@ def test_vanilla_pg_matches_loop_hand_computed_and_its_gradient_is_reinforce():
     gen = torch.Generator().manual_seed(5)
     logp, old, adv = (torch.randn(3, 4, generator=gen) for _ in range(3))
     mask = torch.ones(3, 4)
-    loss, _ = vanilla_pg_loss(logp, old, adv, mask)
+    loss, _ = vanilla_pg_loss(LossInputs(logp, old, adv, mask))
     want = sum(-a * math.exp(lp - o) for lr, orow, arow in zip(logp.tolist(), old.tolist(), adv.tolist())
                for lp, o, a in zip(lr, orow, arow)) / 12
     assert float(loss) == pytest.approx(want, rel=1e-5)
     # At ratio 1 (on-policy) the gradient is -A * d log pi, REINFORCE's.
     x = torch.tensor([[0.3, -0.2]], requires_grad=True)
-    loss, _ = vanilla_pg_loss(x, x.detach(), torch.tensor([[2.0, -1.0]]), torch.ones(1, 2))
+    loss, _ = vanilla_pg_loss(LossInputs(x, x.detach(), torch.tensor([[2.0, -1.0]]), torch.ones(1, 2)))
     loss.backward()
     torch.testing.assert_close(x.grad, torch.tensor([[-1.0, 0.5]]))
 

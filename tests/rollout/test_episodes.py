@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from tempering.algos import LOSS_AGGREGATIONS, POLICY_LOSSES, masked_mean
+from tempering.algos import LOSS_AGGREGATIONS, POLICY_LOSSES, LossInputs, masked_mean
 from tempering.envs import EnvContext
 from tempering.envs.tool_calls import format_answer, format_call
 from tempering.envs.tool_tasks import generate_tool_tasks
@@ -76,7 +76,7 @@ def test_observation_tokens_get_exactly_zero_gradient(tiny, tasks, sandbox):
                                               batch.attention, with_entropy=True)
         logprobs.retain_grad()
         mask = batch.response_mask
-        pg, _ = POLICY_LOSSES["ppo_clip"](logprobs, old, adv, mask, loss_agg=loss_agg, norm_length=12)
+        pg, _ = POLICY_LOSSES["ppo_clip"](LossInputs(logprobs, old, adv, mask), loss_agg=loss_agg, norm_length=12)
         kl = masked_mean((logprobs - torch.where(observation, junk, old)) ** 2, mask)
         (pg - 0.01 * masked_mean(entropy, mask) + 0.1 * kl).backward()
         return logprobs.grad, [p.grad.clone() for p in model.parameters() if p.grad is not None]

@@ -1,6 +1,6 @@
 import torch
 
-from tempering.algos import grpo, ppo_clip_loss
+from tempering.algos import AdvantageInputs, grpo, ppo_clip_loss
 from tempering.models.forward import response_logprobs
 from tempering.rollout.batch import RolloutBatch
 from tempering.rollout.generate import encode_prompt, generate
@@ -32,7 +32,7 @@ def make_batch(model, tokenizer, tasks, rewards):
     gen = generate(model, tokenizer, prompts, max_new_tokens=6, generator=torch.Generator().manual_seed(0))
     batch = RolloutBatch(gen.prompt_ids, gen.prompt_mask, gen.response_ids, gen.response_mask, gen.logprobs,
                          torch.tensor(rewards), torch.arange(len(prompts)) // 2)
-    batch.advantages, batch.returns = grpo(batch.rewards, batch.response_mask, batch.group_ids)
+    batch.advantages, batch.returns = grpo(AdvantageInputs(batch.rewards, batch.response_mask, batch.group_ids))
     return batch
 
 

@@ -3,11 +3,10 @@
 Every estimator has the same signature, so they sit in one registry and the loop calls whichever the
 config names:
 
-    fn(rewards (B,), response_mask (B, T), group_ids (B,), values=None, token_rewards=None, **hyper)
-        -> (advantages (B, T), returns (B, T))
+    fn(x: AdvantageInputs, **hyper) -> (advantages (B, T), returns (B, T))
 
-`rewards` are sequence-level scores (the outcome reward, credited at the last response token).
-`token_rewards` (B, T), optional, are per-token terms added on top: a KL penalty used as a reward, or
+`x.rewards` are sequence-level scores (the outcome reward, credited at the last response token).
+`x.token_rewards` (B, T), optional, are per-token terms added on top: a KL penalty used as a reward, or
 per-step process rewards credited at the last token of each step. Sequence-level estimators (GRPO, RLOO)
 fold them into the sequence reward; token-level ones (REINFORCE++, GAE) credit them where they occur.
 Hyper-parameters an estimator does not use are accepted and ignored, so one call site serves all.
@@ -20,6 +19,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from tempering.algos.inputs import AdvantageInputs
 from tempering.algos.masked import masked_whiten
 
 
@@ -81,62 +81,55 @@ def grpo_advantages(rewards: Tensor, group_ids: Tensor, *, scale_by_std: bool = 
     return adv
 
 
-def grpo(rewards: Tensor, response_mask: Tensor, group_ids: Tensor, values: Tensor | None = None,
-         token_rewards: Tensor | None = None, *, scale_by_std: bool = True, eps: float = 1e-6,
+def grpo(x: AdvantageInputs, *, scale_by_std: bool = True, eps: float = 1e-6,
          **_: object) -> tuple[Tensor, Tensor]:
     """GRPO: A_i = (r_i - mean_group) / (std_group + eps) on every response token; returns = advantages."""
-    r = sequence_rewards(rewards, response_mask, token_rewards)
-    adv = grpo_advantages(r, group_ids, scale_by_std=scale_by_std, eps=eps)[:, None] * response_mask
+    r = sequence_rewards(x.rewards, x.response_mask, x.token_rewards)
+    adv = grpo_advantages(r, x.group_ids, scale_by_std=scale_by_std, eps=eps)[:, None] * x.response_mask
     return adv, adv                                                 # (B, T), (B, T)
 
 
-def dr_grpo(rewards: Tensor, response_mask: Tensor, group_ids: Tensor, values: Tensor | None = None,
-            token_rewards: Tensor | None = None, **hyper: object) -> tuple[Tensor, Tensor]:
+def dr_grpo(x: AdvantageInputs, **hyper: object) -> tuple[Tensor, Tensor]:
     """Dr. GRPO (arXiv 2503.20783): GRPO without the division by the group's std. Use it with
     `loss_agg: seq-mean-token-sum-norm` to also drop the length normalisation, as the paper does."""
     hyper.pop("scale_by_std", None)
-    return grpo(rewards, response_mask, group_ids, values, token_rewards, scale_by_std=False, **hyper)
+    return grpo(x, scale_by_std=False, **hyper)
 
 
-def rloo(rewards: Tensor, response_mask: Tensor, group_ids: Tensor, values: Tensor | None = None,
-         token_rewards: Tensor | None = None, **_: object) -> tuple[Tensor, Tensor]:
+def rloo(x: AdvantageInputs, **_: object) -> tuple[Tensor, Tensor]:
     """REINFORCE leave-one-out (Kool et al. 2019; Ahmadian et al. 2024, arXiv 2402.14740):
     A_i = r_i - mean_{j != i} r_j = G / (G - 1) * (r_i - mean_group). A group of one gets 0."""
-    r = sequence_rewards(rewards, response_mask, token_rewards)
-    mean, _, n = group_mean_std(r, group_ids)
+    r = sequence_rewards(x.rewards, x.response_mask, x.token_rewards)
+    mean, _, n = group_mean_std(r, x.group_ids)
     adv = torch.where(n > 1, (r - mean) * n / (n - 1).clamp_min(1), torch.zeros_like(r))
-    adv = adv[:, None] * response_mask
+    adv = adv[:, None] * x.response_mask
     return adv, adv
 
 
-def reinforce_pp(rewards: Tensor, response_mask: Tensor, group_ids: Tensor, values: Tensor | None = None,
-                 token_rewards: Tensor | None = None, *, gamma: float = 1.0, baseline: str = "none",
+def reinforce_pp(x: AdvantageInputs, *, gamma: float = 1.0, baseline: str = "none",
                  **_: object) -> tuple[Tensor, Tensor]:
     """REINFORCE++ (Hu 2025, arXiv 2501.03262): token-level reward-to-go (outcome at the last token plus
     per-token rewards such as a KL penalty), whitened over the whole batch - no critic, no group baseline.
     `baseline="group"` is REINFORCE++-baseline: the group's mean outcome is subtracted first."""
+    rewards, mask = x.rewards, x.response_mask
     if baseline == "group":
-        mean, _, _ = group_mean_std(rewards, group_ids)
-        rewards = rewards - mean
+        rewards = rewards - group_mean_std(rewards, x.group_ids)[0]
     elif baseline != "none":
         raise ValueError(f"reinforce_pp baseline must be 'none' or 'group', not '{baseline}'")
-    returns = discounted_returns(last_token_rewards(rewards, response_mask, token_rewards), response_mask, gamma)
-    adv = masked_whiten(returns, response_mask) * response_mask
+    returns = discounted_returns(last_token_rewards(rewards, mask, x.token_rewards), mask, gamma)
+    adv = masked_whiten(returns, mask) * mask
     return adv, returns
 
 
-def reinforce_pp_baseline(rewards: Tensor, response_mask: Tensor, group_ids: Tensor, values: Tensor | None = None,
-                          token_rewards: Tensor | None = None, **hyper: object) -> tuple[Tensor, Tensor]:
+def reinforce_pp_baseline(x: AdvantageInputs, **hyper: object) -> tuple[Tensor, Tensor]:
     hyper.pop("baseline", None)
-    return reinforce_pp(rewards, response_mask, group_ids, values, token_rewards, baseline="group", **hyper)
+    return reinforce_pp(x, baseline="group", **hyper)
 
 
 # ---------------------------------------------------------------------------------------- critic
 
 
-def gae(rewards: Tensor, response_mask: Tensor, group_ids: Tensor, values: Tensor | None = None,
-        token_rewards: Tensor | None = None, *, gamma: float = 1.0, lam: float = 0.95,
-        **_: object) -> tuple[Tensor, Tensor]:
+def gae(x: AdvantageInputs, *, gamma: float = 1.0, lam: float = 0.95, **_: object) -> tuple[Tensor, Tensor]:
     """Generalised advantage estimation (Schulman et al. 2016, arXiv 1506.02438) with a critic.
 
     values (B, T): V(s_t), the critic's estimate before response token t. With per-token rewards r_t,
@@ -144,10 +137,11 @@ def gae(rewards: Tensor, response_mask: Tensor, group_ids: Tensor, values: Tenso
     returns_t = A_t + V_t (the critic's regression target). lam = gamma = 1 gives A_t = G_t - V_t.
     Masked-out tokens inside a sequence (observations) are skipped: t+1 is the next policy token.
     """
-    if values is None:
+    if x.values is None:
         raise ValueError("gae needs critic values: set algo.critic (see docs/algorithms.md)")
-    r = last_token_rewards(rewards, response_mask, token_rewards)
-    values = values * response_mask
+    response_mask = x.response_mask
+    r = last_token_rewards(x.rewards, response_mask, x.token_rewards)
+    values = x.values * response_mask
     adv = torch.zeros_like(r)
     running = r.new_zeros(r.shape[0])
     next_value = r.new_zeros(r.shape[0])
@@ -161,7 +155,7 @@ def gae(rewards: Tensor, response_mask: Tensor, group_ids: Tensor, values: Tenso
     return adv * response_mask, returns
 
 
-AdvantageEstimator = Callable[..., tuple[Tensor, Tensor]]
+AdvantageEstimator = Callable[..., tuple[Tensor, Tensor]]  # (AdvantageInputs, **hyper) -> (advantages, returns)
 
 ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {
     "grpo": grpo,

@@ -2,8 +2,7 @@
 
 One signature for every policy loss:
 
-    fn(logprobs (B, T), old_logprobs (B, T), advantages (B, T), mask (B, T), *, loss_agg, **hyper)
-        -> (loss scalar, metrics dict of scalar tensors)
+    fn(x: LossInputs, *, loss_agg, **hyper) -> (loss scalar, metrics dict of scalar tensors)
 """
 
 from __future__ import annotations
@@ -13,6 +12,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from tempering.algos.inputs import LossInputs
 from tempering.algos.masked import masked_mean
 
 # --------------------------------------------------------------------------------- aggregations
@@ -57,10 +57,7 @@ def aggregate(losses: Tensor, mask: Tensor, loss_agg: str, **hyper: object) -> T
 
 
 def ppo_clip_loss(
-    logprobs: Tensor,
-    old_logprobs: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
+    x: LossInputs,
     *,
     clip_ratio: float = 0.2,
     clip_ratio_low: float | None = None,
@@ -77,9 +74,10 @@ def ppo_clip_loss(
     `clip_ratio_c` (> 1) is dual-clip PPO (Ye et al. 2020, arXiv 1912.09729): for A_t < 0 the loss is at
     most -c A_t, so a huge ratio on a bad token cannot blow the update up.
     """
+    advantages, mask = x.advantages, x.mask
     low = clip_ratio if clip_ratio_low is None else clip_ratio_low
     high = clip_ratio if clip_ratio_high is None else clip_ratio_high
-    log_ratio = logprobs - old_logprobs                                  # (B, T)
+    log_ratio = x.logprobs - x.old_logprobs                                # (B, T)
     ratio = torch.exp(log_ratio)
     unclipped = -advantages * ratio
     clipped = -advantages * ratio.clamp(1.0 - low, 1.0 + high)
@@ -102,18 +100,18 @@ def ppo_clip_loss(
     return loss, metrics
 
 
-def vanilla_pg_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, *,
-                    loss_agg: str = "token-mean", norm_length: int | None = None,
+def vanilla_pg_loss(x: LossInputs, *, loss_agg: str = "token-mean", norm_length: int | None = None,
                     **_: object) -> tuple[Tensor, dict[str, Tensor]]:
     """Plain policy gradient: -A_t * r_t (equal to -A_t log pi at r = 1, with the same gradient)."""
-    ratio = torch.exp(logprobs - old_logprobs)
-    loss = aggregate(-advantages * ratio, mask, loss_agg, norm_length=norm_length)
+    ratio = torch.exp(x.logprobs - x.old_logprobs)
+    loss = aggregate(-x.advantages * ratio, x.mask, loss_agg, norm_length=norm_length)
     with torch.no_grad():
-        metrics = {"pg_clipfrac": logprobs.new_zeros(()), "ppo_kl": masked_mean(old_logprobs - logprobs, mask)}
+        metrics = {"pg_clipfrac": x.logprobs.new_zeros(()),
+                   "ppo_kl": masked_mean(x.old_logprobs - x.logprobs, x.mask)}
     return loss, metrics
 
 
-PolicyLoss = Callable[..., tuple[Tensor, dict[str, Tensor]]]
+PolicyLoss = Callable[..., tuple[Tensor, dict[str, Tensor]]]  # (LossInputs, **hyper) -> (loss, metrics)
 
 POLICY_LOSSES: dict[str, PolicyLoss] = {
     "ppo_clip": ppo_clip_loss,

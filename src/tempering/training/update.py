@@ -6,7 +6,7 @@ from collections import defaultdict
 
 import torch
 
-from tempering.algos import KL_ESTIMATORS, masked_mean
+from tempering.algos import KL_ESTIMATORS, LossInputs, masked_mean
 from tempering.algos.losses import PolicyLoss
 from tempering.models.forward import model_device, response_logprobs
 from tempering.rollout.batch import RolloutBatch
@@ -49,7 +49,8 @@ def update_policy(
                 temperature=temperature, with_entropy=True,
             )
             pg_loss, pg_metrics = policy_loss(
-                logprobs, mb.old_logprobs, mb.advantages, mask, clip_ratio=clip_ratio, clip_ratio_low=clip_ratio_low,
+                LossInputs(logprobs, mb.old_logprobs, mb.advantages, mask),
+                clip_ratio=clip_ratio, clip_ratio_low=clip_ratio_low,
                 clip_ratio_high=clip_ratio_high, clip_ratio_c=clip_ratio_c, loss_agg=loss_agg, norm_length=norm_length,
             )
             entropy_mean = masked_mean(entropy, mask)
