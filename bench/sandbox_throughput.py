@@ -13,8 +13,46 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import subprocess
 
-from tempering.sandbox.bench import bench_bwrap_per_exec, bench_pool, bench_subprocess, format_table
+from tempering.sandbox.bench import SOLUTION, TASK, TRIVIAL, Row, bench_pool, format_table, row, timed
+from tempering.sandbox.isolation import WORKER_ENV, bwrap_args, next_worker_ids, resolve
+from tempering.sandbox.pool import default_python
+
+
+def _program(workload: str) -> str:
+    if workload == "trivial":
+        return TRIVIAL
+    calls = "\n".join(f"assert add({t.input[0]}, {t.input[1]}) == {t.output}" for t in TASK.tests)
+    return SOLUTION + calls + "\n"
+
+
+def bench_subprocess(concurrency: int, n: int, workload: str) -> Row:
+    """Baseline: a fresh interpreter per execution (`subprocess.run`), no isolation."""
+    python, code = default_python(), _program(workload)
+
+    def fn(_):
+        return subprocess.run([python, "-c", code], capture_output=True, env={}, timeout=10).returncode == 0
+
+    elapsed, lat, oks = timed(fn, range(n), concurrency)
+    return row("subprocess.run", workload, concurrency, n, elapsed, lat, oks)
+
+
+def bench_bwrap_per_exec(concurrency: int, n: int, workload: str) -> Row | None:
+    """Baseline: a fresh bubblewrap container (same options as the pool's) per execution."""
+    iso = resolve("auto", default_python())
+    if iso.backend != "bwrap":
+        return None
+    code = _program(workload)
+    ids = next_worker_ids()
+    run_as = {"user": ids.program, "group": ids.program, "extra_groups": []} if ids is not None else {}
+    argv = [iso.bwrap, *bwrap_args(iso.scratch_mb), "--", iso.python, "-s", "-B", "-c", code]
+
+    def fn(_):
+        return subprocess.run(argv, capture_output=True, env=WORKER_ENV, timeout=10, **run_as).returncode == 0
+
+    elapsed, lat, oks = timed(fn, range(n), concurrency)
+    return row("bwrap per execution", workload, concurrency, n, elapsed, lat, oks)
 
 
 def main() -> None:

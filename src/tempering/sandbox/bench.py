@@ -1,20 +1,18 @@
-"""Throughput and latency of the sandbox, next to the naive ways of running a program.
+"""Throughput and latency of the sandbox's warm worker pool: `tempering sandbox bench`.
 
-Used by `tempering sandbox bench` (the warm pool only) and `bench/sandbox_throughput.py` (everything).
+`bench/sandbox_throughput.py` sets it beside the naive ways of running a program.
 """
 
 from __future__ import annotations
 
 import statistics
-import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from tempering.sandbox.execution import SandboxLimits
 from tempering.sandbox.grading import test_requests
-from tempering.sandbox.isolation import WORKER_ENV, bwrap_args, next_worker_ids, resolve
-from tempering.sandbox.pool import LocalSandbox, default_python
+from tempering.sandbox.pool import LocalSandbox
 from tempering.types import Task, TestCase
 
 TRIVIAL = "x = 1 + 1\n"
@@ -35,7 +33,7 @@ class Row:
     ok: int
 
 
-def _timed(fn, items, concurrency: int) -> tuple[float, list[float], list[bool]]:
+def timed(fn, items, concurrency: int) -> tuple[float, list[float], list[bool]]:
     def one(item):
         t = time.perf_counter()
         ok = fn(item)
@@ -47,7 +45,7 @@ def _timed(fn, items, concurrency: int) -> tuple[float, list[float], list[bool]]
     return time.perf_counter() - start, [o[0] for o in out], [o[1] for o in out]
 
 
-def _row(method, workload, concurrency, n, elapsed, lat, oks) -> Row:
+def row(method, workload, concurrency, n, elapsed, lat, oks) -> Row:
     lat_ms = sorted(x * 1000 for x in lat)
     p95 = lat_ms[min(len(lat_ms) - 1, int(0.95 * len(lat_ms)))]
     return Row(method, workload, concurrency, n, n / elapsed, statistics.median(lat_ms), p95, sum(oks))
@@ -68,43 +66,8 @@ def bench_pool(concurrency: int, n: int, workload: str, isolation: str = "auto")
                 return all(c and c.get("ok") for c in sb.execute(req)["calls"])
 
         fn(None)  # warm
-        elapsed, lat, oks = _timed(fn, range(n), concurrency)
-        return _row(f"pool ({sb.backend})", workload, concurrency, n, elapsed, lat, oks)
-
-
-def _program(workload: str) -> str:
-    if workload == "trivial":
-        return TRIVIAL
-    calls = "\n".join(f"assert add({t.input[0]}, {t.input[1]}) == {t.output}" for t in TASK.tests)
-    return SOLUTION + calls + "\n"
-
-
-def bench_subprocess(concurrency: int, n: int, workload: str) -> Row:
-    """Baseline: a fresh interpreter per execution (`subprocess.run`), no isolation."""
-    python, code = default_python(), _program(workload)
-
-    def fn(_):
-        return subprocess.run([python, "-c", code], capture_output=True, env={}, timeout=10).returncode == 0
-
-    elapsed, lat, oks = _timed(fn, range(n), concurrency)
-    return _row("subprocess.run", workload, concurrency, n, elapsed, lat, oks)
-
-
-def bench_bwrap_per_exec(concurrency: int, n: int, workload: str) -> Row | None:
-    """Baseline: a fresh bubblewrap container (same options as the pool's) per execution."""
-    iso = resolve("auto", default_python())
-    if iso.backend != "bwrap":
-        return None
-    code = _program(workload)
-    ids = next_worker_ids()
-    run_as = {"user": ids.program, "group": ids.program, "extra_groups": []} if ids is not None else {}
-    argv = [iso.bwrap, *bwrap_args(iso.scratch_mb), "--", iso.python, "-s", "-B", "-c", code]
-
-    def fn(_):
-        return subprocess.run(argv, capture_output=True, env=WORKER_ENV, timeout=10, **run_as).returncode == 0
-
-    elapsed, lat, oks = _timed(fn, range(n), concurrency)
-    return _row("bwrap per execution", workload, concurrency, n, elapsed, lat, oks)
+        elapsed, lat, oks = timed(fn, range(n), concurrency)
+        return row(f"pool ({sb.backend})", workload, concurrency, n, elapsed, lat, oks)
 
 
 def format_table(rows: list[Row]) -> str:
