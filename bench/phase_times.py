@@ -8,6 +8,11 @@ worktree` of REV) and with this tree's, alternating `--rounds` times so that the
 alike. Runs are deterministic, so both trees sample the same completions and do the same work. Printed:
 the mean seconds per step of every `timing_s/*` phase (step 1 left out: warm-up), old vs new and the
 ratio. `collect` is gen + reward: the old multi-turn path timed environment steps inside `gen`.
+
+Both trees must do the same work. Where a recipe's meaning changed between them, NEW_OVERRIDES gives the new
+tree the old one's reward (code-repair: the old multi-turn path ignored `reward.weights` and scored episodes
+`tests + 0.2 improvement`, so `format` from the base recipe must not apply). `tokens` (trained response tokens
+per episode) and `turns` are printed so that equal work can be checked.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RECIPES = {"tiny-code": "configs/tiny-code.yaml", "code-repair": "configs/code-repair.yaml"}
 COMMON = ["data.num_train=3000", "data.num_heldout=64", "eval.samples=1", "eval.every=0", "checkpoint.every=100000", "tracking.progress=false",
           "tracking.tensorboard=false", "tracking.samples_every=0"]
+NEW_OVERRIDES = {"code-repair": ["reward.weights={tests: 1.0, improvement: 0.2}"]}
 
 
 def tempering(tree: Path, *args: str) -> None:
@@ -40,6 +46,8 @@ def phases(run_dir: Path) -> dict[str, float]:
         for key, value in row.items():
             if key.startswith("timing_s/") and key != "timing_s/checkpoint":
                 out[key.removeprefix("timing_s/")] += value / len(rows)
+            elif key in ("response_length/mean", "num_turns/mean"):
+                out["tokens" if key.startswith("response") else "turns"] += value / len(rows)
     out["collect"] = out.get("gen", 0.0) + out.get("reward", 0.0)
     return dict(out)
 
@@ -50,12 +58,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--sft-steps", type=int, default=200)
+    parser.add_argument("--recipes", nargs="+", default=list(RECIPES), choices=list(RECIPES))
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="phase-times-"))
     old_tree = work / "old"
     subprocess.run(["git", "worktree", "add", "--detach", "-q", str(old_tree), args.old], check=True, cwd=ROOT)
     try:
-        for name, recipe in RECIPES.items():
+        for name in args.recipes:
+            recipe = RECIPES[name]
             sft_dir = work / f"{name}-sft"
             tempering(ROOT, "sft", recipe, f"run.dir={sft_dir}", f"sft.steps={args.sft_steps}", *COMMON)
             model = sft_dir / "sft" / "model"
@@ -63,8 +73,9 @@ def main() -> None:
             for r in range(args.rounds):
                 for arm, tree in (("old", old_tree), ("new", ROOT)):
                     run_dir = work / f"{name}-{arm}-{r}"
+                    extra = NEW_OVERRIDES.get(name, []) if arm == "new" else []
                     tempering(tree, "train", recipe, f"run.dir={run_dir}", f"model.path={model}", "sft.steps=0",
-                              f"train.steps={args.steps}", *COMMON)
+                              f"train.steps={args.steps}", *COMMON, *extra)
                     for phase, seconds in phases(run_dir).items():
                         totals[arm][phase].append(seconds)
             print(f"\n{name}: mean s/step over steps 2-{args.steps}, {args.rounds} alternating rounds")
