@@ -47,10 +47,12 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
 
 def _resolve_model_dir(path: Path) -> Path:
-    """A model directory, a checkpoint directory (model/ inside), or a run directory (its final model)."""
+    """A model directory (or a LoRA adapter directory), a checkpoint directory (model/ inside), or a run
+    directory (its final model)."""
     from tempering import checkpoint as ckpt
+    from tempering.models.lora import is_adapter_dir
 
-    if (path / "config.json").is_file():
+    if (path / "config.json").is_file() or is_adapter_dir(path):
         return path
     if (path / "MANIFEST.json").is_file():
         return ckpt.require(path).model_dir
@@ -62,16 +64,18 @@ def _resolve_model_dir(path: Path) -> Path:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    """A checkpoint (or a run's newest) as a plain Hugging Face model directory."""
+    """A checkpoint (or a run's newest) as a plain Hugging Face model directory; LoRA adapters are merged
+    into their base."""
     import shutil
 
     from tempering.models.loading import load_model, load_tokenizer
+    from tempering.models.lora import is_adapter_dir
 
     source = Path(args.checkpoint)
     if not source.exists():
         raise TemperingError(f"checkpoint '{source}' does not exist")
     model_dir = _resolve_model_dir(source)
-    if not (model_dir / "config.json").is_file():
+    if not ((model_dir / "config.json").is_file() or is_adapter_dir(model_dir)):
         raise TemperingError(f"'{source}' is not a checkpoint, run directory or model directory")
     out = Path(args.to)
     if out.exists() and any(out.iterdir()):

@@ -35,9 +35,24 @@ class RunSection(Section):
     `cuda:1`, `mps`. Rollout batches stay on the CPU; each minibatch moves to this device."""
 
 
+class LoraSection(Section):
+    r: int = Field(0, ge=0)
+    """Rank of the LoRA adapters trained instead of the full model (peft); 0 = full fine-tuning."""
+    alpha: float = Field(16.0, gt=0.0)
+    """LoRA scaling numerator: the update is (alpha / r) B A."""
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    """Dropout on the adapters' input."""
+    target_modules: list[str] | str = "all-linear"
+    """Modules that get adapters: names (e.g. [q_proj, v_proj]) or `all-linear` (every linear layer but the
+    output head)."""
+
+
 class ModelSection(Section):
     path: str | None = None
     """Local Hugging Face causal-LM directory; unset = build the tiny default model and tokenizer."""
+    lora: LoraSection = LoraSection()
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass of the policy update (less memory, more time)."""
     hidden_size: int = Field(192, ge=1)
     """Tiny model: width."""
     num_layers: int = Field(4, ge=1)
@@ -51,7 +66,7 @@ class ModelSection(Section):
     max_length: int = Field(256, ge=1)
     """Tiny model: maximum sequence length (positions)."""
     dtype: Literal["float32", "bfloat16"] = "float32"
-    """Parameter dtype when loading `path`."""
+    """Parameter dtype of the policy (and reference, critic)."""
 
 
 class DataSection(Section):

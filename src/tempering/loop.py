@@ -73,7 +73,8 @@ class RLTrainer:
         self.ctx = env_context(cfg, sandbox, self.reward_fn.needs)
         sampling = SamplingParams(cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.max_new_tokens)
         self.engine = LocalEngine(state.policy, state.tokenizer, sampling, version=state.step)
-        self.ref = LocalEngine(state.ref, state.tokenizer, sampling) if state.ref is not None else None
+        ref, adapters = (state.ref, True) if state.ref is not None else (state.policy, False)  # LoRA: the base
+        self.ref = LocalEngine(ref, state.tokenizer, sampling, adapters=adapters) if algo.kl_coef > 0 else None
         self.stop_signal: str | None = None
 
     # ------------------------------------------------------------------------------------ one step
@@ -185,7 +186,8 @@ class RLTrainer:
                     norm_length=cfg.rollout.max_new_tokens * cfg.env.max_turns,
                     kl_coef=state.kl.coef if algo.kl_mode == "loss" else 0.0, kl_estimator=algo.kl_estimator,
                     entropy_coef=algo.entropy_coef, max_grad_norm=algo.max_grad_norm,
-                    temperature=self.engine.sampling.temperature)
+                    temperature=self.engine.sampling.temperature,
+                    gradient_checkpointing=cfg.model.gradient_checkpointing)
             metrics["actor/lr"] = state.scheduler.get_last_lr()[0]
             state.scheduler.step()
         metrics["actor/trained_fraction"] = len(train_batch) / len(batch)

@@ -21,6 +21,7 @@ from tempering.algos import ADVANTAGE_ESTIMATORS, KLController, lookup, needs_cr
 from tempering.config import RunConfig
 from tempering.data import MixtureSampler, TaskSampler
 from tempering.models.loading import load_model, load_tokenizer
+from tempering.models.lora import add_adapters
 from tempering.training.critic import Critic
 from tempering.training.optim import make_optimizer, make_scheduler
 from tempering.types import Task
@@ -36,7 +37,7 @@ class TrainState:
     kl: KLController
     saver: ckpt.Saver
     ref: torch.nn.Module | None = None
-    """The frozen start model, when `algo.kl_coef` > 0."""
+    """The frozen start model, when `algo.kl_coef` > 0 (with LoRA: None, the policy's base is the reference)."""
     critic: Critic | None = None
     critic_optimizer: torch.optim.Optimizer | None = None
     step: int = 0
@@ -59,7 +60,7 @@ class TrainState:
         saver = ckpt.Saver(checkpoints, keep=c.keep, keep_every=c.keep_every, remote=remote,
                            asynchronous=c.async_save, log=log)
         model_dir = latest.model_dir if latest else start_model_dir
-        policy = load_model(model_dir, dtype=cfg.model.dtype, device=cfg.run.device)
+        policy = load_policy(cfg, start_model_dir, model_dir)
         optimizer = make_optimizer(policy, lr=algo.lr, weight_decay=algo.weight_decay)
         state = cls(
             policy=policy, tokenizer=load_tokenizer(model_dir), optimizer=optimizer,
@@ -67,7 +68,7 @@ class TrainState:
             sampler=MixtureSampler(train_tasks, cfg.data.mixture, cfg.run.seed) if cfg.data.mixture
             else TaskSampler(train_tasks, seed=cfg.run.seed),
             kl=KLController(algo.kl_coef, target=algo.kl_target, horizon=algo.kl_horizon), saver=saver)
-        if algo.kl_coef > 0:
+        if algo.kl_coef > 0 and not cfg.model.lora.r:
             state.ref = load_model(start_model_dir, dtype=cfg.model.dtype, device=cfg.run.device).eval()
             state.ref.requires_grad_(False)
         if needs_critic(lookup(ADVANTAGE_ESTIMATORS, algo.estimator, "advantage estimator")):
@@ -101,3 +102,17 @@ class TrainState:
             step, model=self.policy, tokenizer=self.tokenizer, optimizer=self.optimizer, scheduler=self.scheduler,
             trainer_state={"sampler": self.sampler.state_dict(), "kl": self.kl.state_dict()},
             config_yaml=config_yaml, extra=extra))
+
+
+def load_policy(cfg: RunConfig, start_model_dir: Path, model_dir: Path) -> torch.nn.Module:
+    """The policy to train: the start model (fresh adapters on it, with LoRA), or a checkpoint's model (its
+    adapters, with LoRA)."""
+    m = cfg.model
+    if m.lora.r and model_dir != start_model_dir:  # a LoRA checkpoint holds only the adapters
+        policy = load_model(model_dir, dtype=m.dtype, device=cfg.run.device, trainable_adapters=True)
+    else:
+        policy = load_model(model_dir, dtype=m.dtype, device=cfg.run.device)
+        if m.lora.r:
+            policy = add_adapters(policy, start_model_dir, r=m.lora.r, alpha=m.lora.alpha, dropout=m.lora.dropout,
+                                  target_modules=m.lora.target_modules, seed=cfg.run.seed)
+    return policy

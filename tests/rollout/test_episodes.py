@@ -28,6 +28,7 @@ class ScriptedEngine:
     def __init__(self, tokenizer, script, max_new_tokens=200):
         self.tokenizer, self.script = tokenizer, script  # script: (turn index, context text) -> action text
         self.sampling, self.version = SamplingParams(max_new_tokens=max_new_tokens), 0
+        self.stop_ids = (tokenizer.eos_token_id,)
         self.contexts: list[list[list[int]]] = []
 
     def generate(self, prompts, *, max_new_tokens, **_):

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from tempering.errors import CheckpointError
+from tempering.models.lora import adapter_state
 
 MANIFEST = "MANIFEST.json"
 LATEST = "LATEST"
@@ -146,7 +147,7 @@ def snapshot(step: int, *, model: torch.nn.Module, tokenizer: Any, optimizer: to
     from tempering import __version__
 
     return Snapshot(
-        step=step, model=model, model_state=cpu_copy(model.state_dict()),
+        step=step, model=model, model_state=cpu_copy(adapter_state(model)),
         tokenizer=tokenizer, optimizer_state=copy.deepcopy(optimizer.state_dict()),
         scheduler_state=copy.deepcopy(scheduler.state_dict()), rng=rng_state(),
         trainer_state={"step": step, "tempering_version": __version__, **copy.deepcopy(trainer_state)},

@@ -13,6 +13,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from tempering.errors import ConfigError, ModelLoadError
+from tempering.models.lora import adapter_base, is_adapter_dir, load_adapters, merge
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -34,12 +35,16 @@ def resolve_device(name: str, key: str = "run.device") -> str:
 
 
 def check_model_dir(path: str | Path) -> Path:
-    """Fail early, with a message naming the path, if it is not a loadable causal-LM directory."""
+    """Fail early, with a message naming the path, if it is not a loadable causal-LM directory (or a LoRA
+    adapter directory whose base is one)."""
     path = Path(path)
     if not path.exists():
         raise ModelLoadError(f"model path '{path}' does not exist")
     if not path.is_dir():
         raise ModelLoadError(f"model path '{path}' is a file; expected a Hugging Face model directory")
+    if is_adapter_dir(path):
+        check_model_dir(adapter_base(path))
+        return path
     if not (path / "config.json").is_file():
         raise ModelLoadError(f"model path '{path}' has no config.json; is it a Hugging Face model directory?")
     try:
@@ -56,8 +61,14 @@ def check_model_dir(path: str | Path) -> Path:
     return path
 
 
-def load_model(path: str | Path, *, dtype: str = "float32", device: str = "cpu") -> torch.nn.Module:
+def load_model(path: str | Path, *, dtype: str = "float32", device: str = "cpu",
+               trainable_adapters: bool = False) -> torch.nn.Module:
+    """A model directory as a transformers model. An adapter directory is loaded onto its base: merged into
+    a plain model, or as a peft model whose adapters train (`trainable_adapters`, resuming a LoRA run)."""
     path = check_model_dir(path)
+    if is_adapter_dir(path):
+        model = load_adapters(load_model(adapter_base(path), dtype=dtype), path, trainable=trainable_adapters)
+        return (model if trainable_adapters else merge(model)).to(device)
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype])
     except Exception as e:  # the library's errors vary by format (OSError, SafetensorError, ...)

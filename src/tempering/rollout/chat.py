@@ -17,6 +17,32 @@ from dataclasses import dataclass, field
 from tempering.rollout.generate import encode_prompt
 
 
+def end_of_turn(tokenizer) -> tuple[str, int]:
+    """The token a chat template writes right after an assistant message (`<|im_end|>`, `<end_of_turn>`,
+    `<|eot_id|>`, `</s>`, ...): found by rendering one reply and reading the first special token after it.
+    Without a template (or when the template writes none): EOS."""
+    eos = (tokenizer.eos_token or "", tokenizer.eos_token_id)
+    if not getattr(tokenizer, "chat_template", None):
+        return eos
+    marker = "\u2063reply\u2063"
+    text = tokenizer.apply_chat_template([{"role": "user", "content": "q"}, {"role": "assistant", "content": marker}],
+                                         tokenize=False)
+    tail = text[text.rfind(marker) + len(marker):].lstrip()
+    for special in sorted(tokenizer.all_special_tokens + list(tokenizer.added_tokens_encoder), key=len, reverse=True):
+        if special and tail.startswith(special):
+            return special, tokenizer.convert_tokens_to_ids(special)
+    return eos
+
+
+def stop_token_ids(tokenizer, generation_config=None) -> tuple[int, ...]:
+    """Every id that ends a generation: EOS, the chat template's end of turn, and the model's own
+    `generation_config.eos_token_id` (an int or a list, e.g. Llama 3's `<|eot_id|>` beside `<|end_of_text|>`)."""
+    ids = [tokenizer.eos_token_id, end_of_turn(tokenizer)[1]]
+    extra = getattr(generation_config, "eos_token_id", None)
+    ids += extra if isinstance(extra, list) else [extra]
+    return tuple(dict.fromkeys(i for i in ids if i is not None))
+
+
 @dataclass
 class Conversation:
     """The messages of one episode so far (what a chat template renders)."""
@@ -31,6 +57,8 @@ class PlainFormat:
 
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
+        self.end_id = tokenizer.eos_token_id
+        """The id that ends an action (what SFT appends, what an unfinished action is closed with)."""
 
     def start(self, prompt: str, tools: list[dict] | None = None) -> tuple[list[int], Conversation]:
         """The prompt text carries everything (a tool task's prompt already lists its tools)."""
@@ -41,7 +69,7 @@ class PlainFormat:
         conv.messages += [{"role": "assistant", "content": action}, {"role": "user", "content": observation}]
         # Feedback may echo model text such as "<eos>": as text, never as a control token.
         ids = self.tokenizer(observation, add_special_tokens=False, split_special_tokens=True).input_ids
-        return ids if ended else [self.tokenizer.eos_token_id, *ids]
+        return ids if ended else [self.end_id, *ids]
 
 
 class TemplateFormat:
@@ -51,6 +79,7 @@ class TemplateFormat:
         if not getattr(tokenizer, "chat_template", None):
             raise ValueError("env.chat_format=template: this tokenizer has no chat template")
         self.tokenizer, self.role = tokenizer, observation_role
+        self.end_text, self.end_id = end_of_turn(tokenizer)
 
     def _render(self, conv: Conversation, messages: list[dict[str, str]], generation_prompt: bool) -> str:
         return self.tokenizer.apply_chat_template(messages, tools=conv.tools, tokenize=False,
@@ -71,18 +100,18 @@ class TemplateFormat:
         if not after.startswith(before):
             raise ValueError("the chat template renders an earlier turn differently once a later one follows; "
                              "use env.chat_format=plain")
-        # The sampled action ended with EOS, already among the policy's ids; what the template writes after
-        # the action (its end-of-turn, often EOS itself, then e.g. a newline) belongs to the observation.
-        # Anchored on the action, so an EOS text earlier in the conversation cannot be taken for it.
-        eos = self.tokenizer.eos_token or ""
+        # The sampled action ended with the end-of-turn token, already among the policy's ids; what the
+        # template writes after it (e.g. a newline) belongs to the observation. Anchored on the action, so an
+        # end-of-turn text earlier in the conversation cannot be taken for it.
+        end = self.end_text
         at = before.rfind(action)
         if at >= 0:
             tail = before[at + len(action):]
-        else:  # the template rewrote the action (e.g. trimmed it): fall back to the last EOS
-            tail = before[before.rfind(eos) + len(eos):] if eos and eos in before else ""
-        tail = tail.removeprefix(eos) if eos else tail
+        else:  # the template rewrote the action (e.g. trimmed it): fall back to the last end of turn
+            tail = before[before.rfind(end) + len(end):] if end and end in before else ""
+        tail = tail.removeprefix(end) if end else tail
         ids = self._ids(tail + after[len(before):])
-        return ids if ended else [self.tokenizer.eos_token_id, *ids]
+        return ids if ended else [self.end_id, *ids]
 
 
 def chat_format(tokenizer, name: str = "auto", observation_role: str = "user"):

@@ -19,6 +19,7 @@ contexts just the same: the driver passes whole contexts and never re-tokenizes.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -26,6 +27,7 @@ import torch
 from torch import Tensor
 
 from tempering.models.forward import response_logprobs
+from tempering.rollout.chat import stop_token_ids
 from tempering.rollout.generate import Generation, generate
 
 
@@ -43,6 +45,8 @@ class Engine(Protocol):
     tokenizer: object
     sampling: SamplingParams
     version: int
+    stop_ids: tuple[int, ...]
+    """Ids that end a generation (EOS, the chat template's end of turn); an action ends with one of them."""
 
     def generate(self, contexts: list[list[int]], *, generator: torch.Generator | None = None,
                  greedy: bool = False, max_new_tokens: int | None = None) -> Generation: ...
@@ -54,18 +58,24 @@ class Engine(Protocol):
 
 
 class LocalEngine:
-    """Samples with a transformers model in this process (KV cache, shared prompt prefill)."""
+    """Samples with a transformers model in this process (KV cache, shared prompt prefill).
+    `adapters=False` serves a peft model's base with its LoRA adapters disabled (a LoRA run's reference)."""
 
-    def __init__(self, model, tokenizer, sampling: SamplingParams = SamplingParams(), version: int = 0):
+    def __init__(self, model, tokenizer, sampling: SamplingParams = SamplingParams(), version: int = 0,
+                 adapters: bool = True):
         self.model, self.tokenizer, self.sampling, self.version = model, tokenizer, sampling, version
+        self.stop_ids = stop_token_ids(tokenizer, getattr(model, "generation_config", None))
+        self._weights = nullcontext if adapters else model.disable_adapter
 
     def generate(self, contexts: list[list[int]], *, generator: torch.Generator | None = None,
                  greedy: bool = False, max_new_tokens: int | None = None) -> Generation:
         """One completion per context (repeat a context G times for a group); greedy ignores the sampling
         distribution (evaluation)."""
         s = self.sampling
-        gen = generate(self.model, self.tokenizer, contexts, max_new_tokens=max_new_tokens or s.max_new_tokens,
-                       temperature=s.temperature, top_p=s.top_p, greedy=greedy, generator=generator)
+        with self._weights():
+                gen = generate(self.model, self.tokenizer, contexts, max_new_tokens=max_new_tokens or s.max_new_tokens,
+                           temperature=s.temperature, top_p=s.top_p, greedy=greedy, generator=generator,
+                           stop_ids=self.stop_ids)
         gen.version = self.version
         return gen
 
@@ -73,8 +83,9 @@ class LocalEngine:
     def logprobs(self, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor,
                  response_attention: Tensor) -> Tensor:
         """log pi(response_t | ...) under the sampling temperature, on the CPU. (B, R)"""
-        logprobs, _ = response_logprobs(self.model, prompt_ids, prompt_mask, response_ids, response_attention,
-                                        temperature=self.sampling.temperature)
+        with self._weights():
+            logprobs, _ = response_logprobs(self.model, prompt_ids, prompt_mask, response_ids, response_attention,
+                                            temperature=self.sampling.temperature)
         return logprobs.cpu()
 
     def load_weights(self, state: Mapping[str, Tensor], version: int) -> None:

@@ -94,7 +94,7 @@ def run_episodes(
             with timer("gen"):
                 gen = engine.generate([e.prompt_ids + e.ids for e, _ in running], generator=generator, greedy=greedy,
                                       max_new_tokens=min(max_new_tokens, max(room for _, room in running)))
-            actions = [(e, *_record_action(e, gen, row, room, tokenizer, max_new_tokens))
+            actions = [(e, *_record_action(e, gen, row, room, engine, max_new_tokens))
                        for row, (e, room) in enumerate(running)]
             with timer("reward"):
                 steps = _step_all([e.env for e, _, _, _ in actions], [text for _, text, _, _ in actions], pool)
@@ -129,18 +129,19 @@ def _step_all(envs: list[Environment], actions: list[str], pool: ThreadPoolExecu
     return steps
 
 
-def _record_action(e: Episode, gen, row: int, room: int, tokenizer, max_new_tokens: int) -> tuple[str, bool, int]:
+def _record_action(e: Episode, gen, row: int, room: int, engine: Engine, max_new_tokens: int,
+                   ) -> tuple[str, bool, int]:
     """Append row `row` of a generation to episode `e` (cut to the `room` left in its context budget);
-    -> (the action's text, whether it ended with EOS, its number of tokens)."""
+    -> (the action's text, whether it ended with a stop token, its number of tokens)."""
     n = min(int(gen.response_mask[row].sum()), room)
     ids = gen.response_ids[row, :n].tolist()
-    ended = bool(ids) and ids[-1] == tokenizer.eos_token_id
+    ended = bool(ids) and ids[-1] in engine.stop_ids
     e.truncated = n == room and not ended and room < max_new_tokens
     e.ids += ids
     e.policy += [True] * n
     e.logprobs += gen.logprobs[row, :n].tolist()
     e.turn_ends.append(len(e.ids) - 1)
-    return tokenizer.decode(ids[:-1] if ended else ids, skip_special_tokens=False), ended, n
+    return engine.tokenizer.decode(ids[:-1] if ended else ids, skip_special_tokens=False), ended, n
 
 
 @dataclass

@@ -41,13 +41,14 @@ class Generation:
     response_ids: Tensor     # (B, R) right-padded; includes the EOS token when one was sampled
     response_mask: Tensor    # (B, R) float, 1.0 on generated tokens
     logprobs: Tensor         # (B, R) log-prob of each sampled token (temperature-scaled distribution)
-    truncated: Tensor        # (B,) bool, True when no EOS came within max_new_tokens
-    texts: list[str]         # decoded completions, EOS and padding removed
+    truncated: Tensor        # (B,) bool, True when no stop token came within max_new_tokens
+    texts: list[str]         # decoded completions, the stop token and padding removed
     version: int = 0         # the policy version (RL step) whose weights sampled these
 
     @property
     def finish_reasons(self) -> list[str]:
-        """Per row, as OpenAI-compatible servers say it: `stop` (EOS sampled) or `length` (budget reached)."""
+        """Per row, as OpenAI-compatible servers say it: `stop` (a stop token sampled) or `length` (budget
+        reached)."""
         return ["length" if t else "stop" for t in self.truncated.tolist()]
 
 
@@ -83,11 +84,14 @@ def generate(
     greedy: bool = False,
     generator: torch.Generator | None = None,
     batch_size: int = 256,
+    stop_ids: tuple[int, ...] = (),
 ) -> Generation:
-    """Sample one completion per prompt (repeat a prompt G times for a group). Prompts are token id lists."""
+    """Sample one completion per prompt (repeat a prompt G times for a group). Prompts are token id lists.
+    A completion ends at the first of `stop_ids` (default: EOS), which it keeps as its last token."""
+    stops = torch.tensor(stop_ids or (tokenizer.eos_token_id,))
     parts = [
         _generate_chunk(model, tokenizer, prompts[i: i + batch_size], max_new_tokens, temperature, top_p,
-                        greedy, generator)
+                        greedy, generator, stops)
         for i in range(0, len(prompts), batch_size)
     ]
     return parts[0] if len(parts) == 1 else _concat(parts, tokenizer.pad_token_id)
@@ -103,10 +107,11 @@ def generator_on(device: torch.device, generator: torch.Generator | None) -> tor
     return torch.Generator(device=device).manual_seed(seed)
 
 
-def _generate_chunk(model, tokenizer, prompts, max_new_tokens, temperature, top_p, greedy, generator):
+def _generate_chunk(model, tokenizer, prompts, max_new_tokens, temperature, top_p, greedy, generator, stops):
     device = next(model.parameters()).device
     generator = generator_on(device, generator)
-    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    pad = tokenizer.pad_token_id
+    device_stops = stops.to(device)
     was_training = model.training
     model.eval()
     prompt_ids, prompt_mask = left_pad(prompts, pad)
@@ -128,7 +133,7 @@ def _generate_chunk(model, tokenizer, prompts, max_new_tokens, temperature, top_
                                   greedy=greedy)
         tokens[active, t], logps[active, t] = token.cpu(), logp.cpu()
         width = t + 1
-        finished = token == eos
+        finished = torch.isin(token, device_stops)
         if bool(finished.all()) or t == max_new_tokens - 1:
             break
         if bool(finished.any()):
@@ -145,8 +150,8 @@ def _generate_chunk(model, tokenizer, prompts, max_new_tokens, temperature, top_
     model.train(was_training)
 
     response_ids, logprobs = tokens[:, :width], logps[:, :width]                # (B, R)
-    # A token is part of the response up to and including the first EOS.
-    is_eos = response_ids == eos
+    # A token is part of the response up to and including the first stop token.
+    is_eos = torch.isin(response_ids, stops)
     after_eos = (is_eos.cumsum(1) - is_eos.long()) > 0
     response_mask = (~after_eos).float()
     truncated = ~is_eos.any(1)

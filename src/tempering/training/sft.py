@@ -68,7 +68,7 @@ def encode_transcript(fmt, prompt: str, transcript: Transcript, tools: list[dict
     ids: list[int] = []
     mask: list[float] = []
     for action, observation, train in transcript:
-        action_ids = tokenizer(action, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
+        action_ids = tokenizer(action, add_special_tokens=False).input_ids + [fmt.end_id]
         ids += action_ids
         mask += [float(train)] * len(action_ids)
         if observation is not None:

@@ -32,9 +32,14 @@ def update_policy(
     entropy_coef: float = 0.0,
     max_grad_norm: float = 1.0,
     temperature: float = 1.0,
+    gradient_checkpointing: bool = False,
 ) -> dict[str, float]:
-    """Run `ppo_epochs` x `minibatches` optimizer steps; returns the mean of each metric over them."""
+    """Run `ppo_epochs` x `minibatches` optimizer steps; returns the mean of each metric over them.
+    `gradient_checkpointing` recomputes activations in the backward pass, for this update only (sampling
+    keeps its KV cache); each row then runs its own prompt, as sharing a prompt's cache needs a cache."""
     assert batch.advantages is not None, "compute advantages before the update"
+    if gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
     device = model_device(model)
     sums: dict[str, float] = defaultdict(float)
@@ -46,7 +51,7 @@ def update_policy(
             mask = mb.response_mask
             logprobs, entropy = response_logprobs(
                 model, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.attention,
-                temperature=temperature, with_entropy=True,
+                temperature=temperature, with_entropy=True, share_prompts=not gradient_checkpointing,
             )
             pg_loss, pg_metrics = policy_loss(
                 LossInputs(logprobs, mb.old_logprobs, mb.advantages, mask),
@@ -69,4 +74,6 @@ def update_policy(
             sums["actor/grad_norm"] += float(grad_norm)
             for k, v in pg_metrics.items():
                 sums[f"actor/{k}"] += float(v)
+    if gradient_checkpointing:
+        model.gradient_checkpointing_disable()
     return {k: v / n_steps for k, v in sums.items()}

@@ -1,0 +1,72 @@
+"""LoRA adapters through `peft`: train low-rank adapters on a frozen base model.
+
+An adapter directory (what a LoRA run's checkpoints hold) is peft's: `adapter_config.json` plus
+`adapter_model.safetensors`, with `base_model_name_or_path` the absolute path of the base model. The KL
+reference of a LoRA run is the same model with its adapters disabled (no second copy of the weights), and
+`merge` folds the adapters into the base for export and evaluation: W' = W + (alpha / r) B A.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from tempering.errors import ModelLoadError
+
+ADAPTER_CONFIG = "adapter_config.json"
+
+
+def is_adapter_dir(path: str | Path) -> bool:
+    return (Path(path) / ADAPTER_CONFIG).is_file()
+
+
+def adapter_base(path: str | Path) -> Path:
+    """The base model directory an adapter was trained on (it must still be there)."""
+    config = json.loads((Path(path) / ADAPTER_CONFIG).read_text())
+    base = Path(config.get("base_model_name_or_path") or "")
+    if not (base / "config.json").is_file():
+        raise ModelLoadError(f"adapter '{path}': its base model '{base}' is not a model directory")
+    return base
+
+
+def add_adapters(model: torch.nn.Module, base_dir: Path, *, r: int, alpha: float, dropout: float,
+                 target_modules: list[str] | str, seed: int = 0) -> torch.nn.Module:
+    """Wrap `model` with fresh LoRA adapters (A random from `seed`, B zero); only they require gradients."""
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=target_modules,
+                        task_type="CAUSAL_LM")
+    try:
+        with torch.random.fork_rng():
+            torch.manual_seed(seed)
+            peft_model = get_peft_model(model, config)
+    except ValueError as e:  # e.g. target modules that the architecture does not have
+        raise ModelLoadError(f"model.lora: {e}") from None
+    peft_model.peft_config["default"].base_model_name_or_path = str(Path(base_dir).resolve())
+    return peft_model
+
+
+def load_adapters(model: torch.nn.Module, adapter_dir: Path, *, trainable: bool) -> torch.nn.Module:
+    from peft import PeftModel
+
+    return PeftModel.from_pretrained(model, adapter_dir, is_trainable=trainable)
+
+
+def is_peft(model: torch.nn.Module) -> bool:
+    return hasattr(model, "disable_adapter") and hasattr(model, "peft_config")
+
+
+def merge(model: torch.nn.Module) -> torch.nn.Module:
+    """The plain transformers model with the adapters folded into its weights."""
+    return model.merge_and_unload() if is_peft(model) else model
+
+
+def adapter_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The entries of `model.state_dict()` a checkpoint needs: the adapters only, for a peft model."""
+    state = model.state_dict()
+    if not is_peft(model):
+        return state
+    trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+    return {k: v for k, v in state.items() if k in trainable or "lora_" in k}

@@ -1,0 +1,86 @@
+"""Any local Hugging Face causal LM trains: SFT and two RL steps on tiny random-weight models of six
+architectures, each with its family's chat template and stop tokens; the result reloads with
+`from_pretrained`."""
+
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from tempering.config import load_config
+from tempering.data import generate_tasks
+from tempering.models.loading import load_model, load_tokenizer
+from tempering.pipeline import train
+from tempering.rollout.chat import chat_format, end_of_turn, stop_token_ids
+from tempering.rollout.engine import LocalEngine, SamplingParams
+from tempering.training.sft import sft_completion
+from tests.models.architectures import FAMILIES, build
+
+QUICK = ["sft.steps=4", "sft.batch_size=4", "train.steps=2", "data.num_train=40", "data.num_heldout=4",
+         "eval.samples=1", "eval.every=0", "eval.val_tasks=4", "rollout.prompts_per_step=2",
+         "rollout.group_size=2", "rollout.max_new_tokens=12", "checkpoint.every=2", "tracking.tensorboard=false",
+         "tracking.samples_every=0", "env.max_context=384"]
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    train, _ = generate_tasks(60, 4, seed=3)
+    return [t.prompt + sft_completion(t) for t in train]
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_stop_tokens_come_from_the_template_and_the_generation_config(tmp_path, corpus, name):
+    fam = FAMILIES[name]
+    path = build(name, tmp_path / name, corpus)
+    tokenizer, model = load_tokenizer(path), load_model(path)
+    ids = tokenizer.convert_tokens_to_ids
+    assert end_of_turn(tokenizer) == (fam.end_of_turn, ids(fam.end_of_turn))
+    want = {ids(fam.eos), ids(fam.end_of_turn), *(ids(t) for t in fam.generation_eos or [])}
+    assert set(stop_token_ids(tokenizer, model.generation_config)) == want
+    assert chat_format(tokenizer).name == ("plain" if fam.template is None else "template")
+
+
+class Prefers(torch.nn.Module):
+    """A model whose logits favour one token by a wide margin."""
+
+    def __init__(self, model, token):
+        super().__init__()
+        self.model, self.token, self.generation_config = model, token, model.generation_config
+
+    def forward(self, **kw):
+        out = self.model(**kw)
+        out.logits[..., self.token] += 100.0
+        return out
+
+
+def test_generation_stops_at_the_end_of_turn_token(tmp_path, corpus):
+    """Gemma ends a turn with `<end_of_turn>`, which is not its EOS: generation stops there and the action
+    keeps it as its last token."""
+    path = build("gemma", tmp_path / "gemma", corpus)
+    tokenizer = load_tokenizer(path)
+    end = tokenizer.convert_tokens_to_ids("<end_of_turn>")
+    assert end != tokenizer.eos_token_id
+    engine = LocalEngine(Prefers(load_model(path), end), tokenizer, SamplingParams(max_new_tokens=8))
+    gen = engine.generate([chat_format(tokenizer).start("Write add.")[0]] * 2, greedy=True)
+    assert gen.finish_reasons == ["stop", "stop"] and gen.response_ids[:, 0].tolist() == [end, end]
+    assert gen.response_mask.sum(1).tolist() == [1.0, 1.0] and gen.texts == ["", ""]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_sft_and_two_rl_steps_then_the_saved_model_reloads(tmp_path, corpus, name):
+    path = build(name, tmp_path / "start", corpus)
+    run_dir = tmp_path / "run"
+    summary = train(load_config("configs/smoke.yaml", [f"run.dir={run_dir}", f"model.path={path}", *QUICK]))
+    assert summary["rl_steps"] == 2
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2] and all(r["response_length/mean"] > 0 for r in rows)
+    final = run_dir / "checkpoints" / "step_000002" / "model"
+    model = AutoModelForCausalLM.from_pretrained(final)
+    tokenizer = AutoTokenizer.from_pretrained(final)
+    assert type(model).__name__ == type(AutoModelForCausalLM.from_pretrained(path)).__name__
+    assert tokenizer.chat_template == FAMILIES[name].template
+    start = AutoModelForCausalLM.from_pretrained(path).state_dict()
+    changed = [k for k, v in model.state_dict().items() if not torch.equal(v, start[k])]
+    assert changed  # SFT and RL moved the weights

@@ -1,0 +1,123 @@
+"""LoRA through peft: only the adapters train, checkpoints hold only them, the KL reference is the base with
+the adapters disabled, and `tempering export` merges them into a plain model equal to base + adapter."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
+
+from tempering.cli import main as cli
+from tempering.config import build_config, load_config
+from tempering.loop import RLTrainer
+from tempering.models.loading import load_model
+from tempering.pipeline import train
+from tempering.state import TrainState
+
+LORA = ["model.lora.r=4", "model.lora.alpha=8", "sft.steps=0", "train.steps=2", "algo.lr=0.02",
+        "algo.warmup_steps=0", "algo.kl_coef=0.05", "data.num_train=40", "data.num_heldout=4", "eval.samples=1",
+        "eval.every=0", "eval.val_tasks=4", "rollout.prompts_per_step=2", "rollout.group_size=4",
+        "rollout.max_new_tokens=12", "tracking.tensorboard=false", "tracking.samples_every=0",
+        # A reward that random completions vary on, so the untrained model gets a gradient.
+        "reward.weights={tests: 1.0, 'tests.models.test_lora:digits': 1.0}"]
+
+
+def digits(task, traj) -> float:
+    """The share of digits in the completion."""
+    return sum(c.isdigit() for c in traj.completion) / max(1, len(traj.completion))
+
+
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory, tiny_model_dir):
+    run_dir = tmp_path_factory.mktemp("lora") / "run"
+    train(load_config("configs/smoke.yaml", [f"run.dir={run_dir}", f"model.path={tiny_model_dir}", *LORA]))
+    return run_dir
+
+
+@pytest.mark.slow
+def test_a_lora_run_changes_only_the_adapters(lora_run, tiny_model_dir):
+    saved = lora_run / "checkpoints" / "step_000002" / "model"
+    assert (saved / "adapter_config.json").is_file() and not (saved / "model.safetensors").exists()
+    adapters = load_file(saved / "adapter_model.safetensors")
+    assert adapters and all("lora_" in k for k in adapters)
+    assert any(k.endswith("lora_B.weight") and v.abs().max() > 0 for k, v in adapters.items())  # B starts at 0
+    policy = load_model(saved, trainable_adapters=True)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
+    for name, value in policy.state_dict().items():
+        if "lora_" not in name:
+            plain = name.replace("base_model.model.", "").replace(".base_layer", "")
+            assert torch.equal(value, base[plain]), name
+    rows = [json.loads(line) for line in (lora_run / "metrics.jsonl").read_text().splitlines()]
+    assert all("actor/kl_loss" in r for r in rows) and rows[-1]["actor/kl_loss"] > 0
+
+
+@pytest.mark.slow
+def test_export_merges_the_adapters_into_the_base(lora_run, tiny_model_dir, tmp_path):
+    out = tmp_path / "merged"
+    assert cli(["export", str(lora_run), "--to", str(out)]) == 0
+    merged = AutoModelForCausalLM.from_pretrained(out).state_dict()
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
+    adapters = load_file(lora_run / "checkpoints" / "step_000002" / "model" / "adapter_model.safetensors")
+    config = json.loads((lora_run / "checkpoints" / "step_000002" / "model" / "adapter_config.json").read_text())
+    scale = config["lora_alpha"] / config["r"]
+    worst, touched = 0.0, 0
+    for key, weight in base.items():
+        prefix = "base_model.model." + key.removesuffix(".weight")
+        if f"{prefix}.lora_A.weight" in adapters:
+            want = weight + scale * adapters[f"{prefix}.lora_B.weight"] @ adapters[f"{prefix}.lora_A.weight"]
+            touched += 1
+        else:
+            want = weight
+        worst = max(worst, float((merged[key] - want).abs().max()))
+    assert touched >= 7 * 2  # all-linear: q, k, v, o, gate, up, down in each of the 2 layers
+    assert worst < 1e-5, worst
+
+
+def test_the_reference_of_a_lora_run_is_the_base_with_adapters_off(tiny_model_dir, tmp_path, tasks, sandbox):
+    cfg = build_config({}, ["run.device=cpu", f"model.path={tiny_model_dir}", "model.lora.r=4", "algo.kl_coef=0.1",
+                            "rollout.max_new_tokens=8"])
+    state = TrainState.build_or_resume(cfg, tmp_path, tasks[0][:8], tiny_model_dir, log=lambda *_: None)
+    assert state.ref is None  # no second copy of the weights
+    assert [n for n, p in state.policy.named_parameters() if p.requires_grad] and all(
+        "lora_" in n for n, p in state.policy.named_parameters() if p.requires_grad)
+    with torch.no_grad():
+        for name, p in state.policy.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)  # adapters that change the policy
+    trainer = RLTrainer(cfg, state, [], sandbox, log=lambda *_: None)
+    gen = trainer.engine.generate([[1, 5, 9, 11]] * 2, generator=torch.Generator().manual_seed(0))
+    args = gen.prompt_ids, gen.prompt_mask, gen.response_ids, gen.response_mask
+    base = load_model(tiny_model_dir)
+    from tempering.rollout.engine import LocalEngine
+
+    want = LocalEngine(base, state.tokenizer, trainer.engine.sampling).logprobs(*args)
+    torch.testing.assert_close(trainer.ref.logprobs(*args), want)
+    assert not torch.allclose(trainer.engine.logprobs(*args), want)
+
+
+def _rows(run_dir):
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if not k.startswith(("timing_s/", "perf/"))} for r in rows]
+
+
+@pytest.mark.slow
+def test_a_lora_run_resumes_exactly(lora_run, tiny_model_dir, tmp_path):
+    """Stopped after its first step's checkpoint, then continued: the adapters and the optimizer come back
+    from the checkpoint, and the metrics equal those of the run that went straight through."""
+    run_dir = tmp_path / "run"
+    args = [f"run.dir={run_dir}", f"model.path={tiny_model_dir}", *LORA, "checkpoint.every=1"]
+    train(load_config("configs/smoke.yaml", [*args, "train.steps=1"]))
+    train(load_config("configs/smoke.yaml", args))
+    assert _rows(run_dir) == _rows(lora_run)
+
+
+@pytest.mark.slow
+def test_gradient_checkpointing_changes_memory_not_numbers(lora_run, tiny_model_dir, tmp_path):
+    run_dir = tmp_path / "run"
+    train(load_config("configs/smoke.yaml", [f"run.dir={run_dir}", f"model.path={tiny_model_dir}", *LORA,
+                                             "model.gradient_checkpointing=true"]))
+    for got, want in zip(_rows(run_dir), _rows(lora_run), strict=True):
+        assert got.keys() == want.keys()
+        for key in want:
+            assert got[key] == pytest.approx(want[key], rel=1e-4, abs=1e-6), key
