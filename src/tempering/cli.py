@@ -6,6 +6,7 @@
     tempering data generate --out DIR                    write the built-in task splits
     tempering sandbox run FILE [--lang L] [--json]       execute one program in the sandbox
     tempering sandbox doctor | serve | bench             protections; HTTP service; throughput
+    tempering models list | prepare NAME                 the model registry (e.g. smollm2-135m-instruct)
     tempering report RUN_DIR                             print a run's summary
 
 Bad input ends with one line `error: ...` and exit status 2.
@@ -240,6 +241,25 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_models_list(args: argparse.Namespace) -> int:
+    from tempering.models.registry import MODELS, cache_root, prepared
+
+    for name, e in MODELS.items():
+        where = prepared(name)
+        print(f"{name}  {'prepared: ' + str(where) if where else 'not prepared'}\n    {e.about}\n"
+              f"    from {e.package}=={e.version}:{e.file}")
+    print(f"cache: {cache_root()} (TEMPERING_CACHE)")
+    return 0
+
+
+def cmd_models_prepare(args: argparse.Namespace) -> int:
+    from tempering.models.registry import entry, prepare
+
+    entry(args.name)  # an unknown name fails here, in one line
+    print(prepare(args.name, Path(args.cache) / "models" if args.cache else None, log=print))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tempering", description="RL post-training with execution feedback")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -321,6 +341,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("checkpoint", help="checkpoint directory, or a run directory (its newest checkpoint)")
     p.add_argument("--to", required=True, help="output directory (created; must not hold files)")
     p.set_defaults(fn=cmd_export)
+
+    models = sub.add_parser("models", help="the model registry").add_subparsers(dest="models_command",
+                                                                                 required=True)
+    p = models.add_parser("list", help="registry models and whether they are prepared")
+    p.set_defaults(fn=cmd_models_list)
+    p = models.add_parser("prepare", help="convert a registry model into a Hugging Face directory in the cache")
+    p.add_argument("name")
+    p.add_argument("--cache", help="cache directory (default $TEMPERING_CACHE or ~/.cache/tempering)")
+    p.set_defaults(fn=cmd_models_prepare)
 
     p = sub.add_parser("report", help="print the summary of a finished run")
     p.add_argument("run_dir")

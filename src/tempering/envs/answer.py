@@ -20,14 +20,18 @@ from tempering.envs.base import Environment, Step, register
 from tempering.types import Task
 
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.S)
+_BOXED = re.compile(r"\\boxed\{((?:[^{}]|\{[^{}]*\})*)\}")
 
 
 def extract_answer(action: str) -> str:
-    """The answer in an action: inside the last `<answer>...</answer>`, else the text after the last
-    `Answer:`, else the whole text - stripped (answers may span lines: a matrix, a grid)."""
-    tagged = _ANSWER_TAG.findall(action)
+    """The answer in an action: inside the last `<answer>...</answer>`, else the last `\\boxed{...}` (MATH),
+    else the text after the last `####` (GSM8K) or `Answer:`, else the whole text - stripped (answers may
+    span lines: a matrix, a grid)."""
+    tagged = _ANSWER_TAG.findall(action) or _BOXED.findall(action)
     if tagged:
         return tagged[-1].strip()
+    if "####" in action:
+        return action.rsplit("####", 1)[-1].strip()
     return action.rsplit("Answer:", 1)[-1].strip()
 
 

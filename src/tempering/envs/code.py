@@ -60,7 +60,8 @@ class CodeEnv(Environment):
 
     def reset(self, task: Task) -> str:
         self.task, self.turn, self.previous = task, 0, 0.0
-        return task.prompt
+        instruction = self.ctx.options.get("code_instruction")
+        return f"{instruction}\n\n{task.prompt}" if instruction else task.prompt
 
     def step(self, action: str) -> Step:
         return self.step_batch([self], [action])[0]
