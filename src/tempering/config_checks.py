@@ -143,6 +143,11 @@ def _check_cross_fields(cfg: RunConfig) -> None:
             raise ValueError("model.name and model.path both name a start model; set one")
     if m.path is None and m.name is None and m.hidden_size % m.num_heads:
         raise ValueError(f"model.hidden_size: {m.hidden_size} is not divisible by model.num_heads ({m.num_heads})")
+    import importlib.util
+
+    for sink in ("wandb", "mlflow"):
+        if getattr(cfg.tracking, sink) and importlib.util.find_spec(sink) is None:
+            raise ValueError(f"tracking.{sink}: the '{sink}' package is not installed (pip install {sink})")
     url = cfg.sandbox.url
     if url is not None and not url.startswith(("http://", "https://")):
         raise ValueError(f"sandbox.url: '{url}' is not an http:// or https:// URL")

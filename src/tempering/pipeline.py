@@ -167,9 +167,10 @@ def rl_stage(ws: Workspace, start: Path, sandbox: Sandbox) -> tuple[Path, int]:
     last = state.step
     try:
         if state.step < cfg.train.steps:
+            t = cfg.tracking
             tracker = Tracker(ws.run_dir, start_step=state.step, total_steps=cfg.train.steps,
-                              tensorboard=cfg.tracking.tensorboard, progress=cfg.tracking.progress,
-                              console=ws.console)
+                              tensorboard=t.tensorboard, progress=t.progress, console=ws.console,
+                              wandb=t.wandb, mlflow=t.mlflow, project=t.project, config=cfg.model_dump())
             try:
                 last = RLTrainer(cfg, state, ws.heldout_tasks, sandbox, log=ws.log).run(tracker)
             finally:

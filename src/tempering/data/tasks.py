@@ -33,8 +33,16 @@ def _describe(error: ValidationError) -> str:
 
 
 def load_tasks(path: str | Path, columns: dict[str, str] | None = None) -> list[Task]:
-    """Read a task file (JSONL, Parquet or a datasets directory). Raises TaskFileError naming the file and
-    the line (row) of any bad record."""
+    """Read a task file (JSONL, Parquet or a datasets directory), or a named task set (`humaneval`,
+    `leetcode-easy`, ...: `tempering.data.benchmarks`). Raises TaskFileError naming the file and the line
+    (row) of any bad record."""
+    from tempering.data.benchmarks import BENCHMARKS
+
+    if str(path) in BENCHMARKS and not Path(path).exists():
+        try:
+            return BENCHMARKS[str(path)]()
+        except ValueError as e:
+            raise TaskFileError(f"task set '{path}': {e}") from None
     path = Path(path)
     if not path.exists():
         raise TaskFileError(f"task file '{path}' does not exist")

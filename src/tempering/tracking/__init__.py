@@ -68,6 +68,10 @@ class Tracker:
         tensorboard: bool = True,
         progress: bool = True,
         console: Console | None = None,
+        wandb: bool = False,
+        mlflow: bool = False,
+        project: str = "tempering",
+        config: dict[str, Any] | None = None,
     ):
         self.run_dir = run_dir
         self.metrics_path = run_dir / "metrics.jsonl"
@@ -81,6 +85,10 @@ class Tracker:
             from torch.utils.tensorboard import SummaryWriter
 
             self.tb = SummaryWriter(str(run_dir / "tb"), purge_step=start_step + 1 if start_step else None)
+        from tempering.tracking.sinks import MlflowSink, WandbSink
+
+        self.sinks = ([WandbSink(run_dir, config or {}, project)] if wandb else []) + (
+            [MlflowSink(run_dir, config or {}, project)] if mlflow else [])
         self.console = console or Console(stderr=True)
         self.total = total_steps
         self._progress = None
@@ -102,6 +110,8 @@ class Tracker:
             for key, value in metrics.items():
                 if math.isfinite(value):
                     self.tb.add_scalar(key, value, step)
+        for sink in self.sinks:
+            sink.log(step, {k: v for k, v in metrics.items() if math.isfinite(v)})
         self._display(step, metrics)
 
     def _display(self, step: int, m: dict[str, float]) -> None:
@@ -122,6 +132,8 @@ class Tracker:
         directory.mkdir(exist_ok=True)
         path = directory / f"step_{step:06d}.jsonl"
         path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        for sink in self.sinks:
+            sink.samples(step, rows)
 
     def close(self) -> None:
         if self._progress is not None:
@@ -130,4 +142,7 @@ class Tracker:
         if self.tb is not None:
             self.tb.close()
             self.tb = None
+        for sink in self.sinks:
+            sink.close()
+        self.sinks = []
         self._file.close()

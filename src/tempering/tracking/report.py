@@ -1,0 +1,110 @@
+"""`tempering report RUN_DIR`: one self-contained HTML page of a run (figures inlined as PNG, no scripts,
+no network): the summary, reward and its components, held-out pass@k per domain, response length, KL,
+entropy, per-phase step time, and a table of sample completions with their rewards."""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+PANELS: list[tuple[str, str]] = [
+    ("reward", "reward/"), ("pass rate", "train/"), ("response length", "response_length/"), ("KL", "kl"),
+    ("entropy", "actor/entropy"), ("step time (s)", "timing_s/"),
+]
+"""(title, metric prefix or substring): each panel plots the per-step metrics whose name matches."""
+SKIP = ("reward/hacking/", "/std", "/max", "/min")
+STYLE = """body{font-family:system-ui,sans-serif;margin:24px;color:#222;background:#fff}
+h1{font-size:22px}h2{font-size:17px;margin-top:28px}table{border-collapse:collapse;font-size:13px}
+td,th{border:1px solid #ccc;padding:4px 8px;vertical-align:top;text-align:left}
+pre{white-space:pre-wrap;margin:0;max-width:720px;font-size:12px}.grid img{max-width:48%;margin:4px}"""
+
+
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _matches(name: str, pattern: str) -> bool:
+    if any(s in name for s in SKIP):
+        return False
+    return name.startswith(pattern) if pattern.endswith("/") else pattern in name
+
+
+def _figure(title: str, rows: list[dict[str, Any]], pattern: str) -> str | None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = sorted({k for r in rows for k, v in r.items() if isinstance(v, int | float) and _matches(k, pattern)})
+    if not names:
+        return None
+    fig, ax = plt.subplots(figsize=(6, 3.4))
+    for name in names[:12]:
+        pts = [(r["step"], r[name]) for r in rows if isinstance(r.get(name), int | float)]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="." if len(pts) < 30 else None, lw=1.2,
+                label=name)
+    ax.set_title(title)
+    ax.set_xlabel("RL step")
+    ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90)
+    plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def _passk_table(summary: dict[str, Any]) -> str:
+    before, after = summary.get("per_domain_before", {}), summary.get("per_domain_after", {})
+    if not before:
+        return "<p>no held-out evaluation recorded</p>"
+    rows = "".join(f"<tr><td>{html.escape(d)}</td><td>{before[d]:.1%}</td><td>{after.get(d, float('nan')):.1%}</td></tr>"
+                   for d in before)
+    totals = [("all (sampled)", "heldout_pass@1_before", "heldout_pass@1_after"),
+              ("all (greedy)", "heldout_greedy_pass@1_before", "heldout_greedy_pass@1_after")]
+    rows += "".join(f"<tr><th>{name}</th><th>{summary[b]:.1%}</th><th>{summary[a]:.1%}</th></tr>"
+                    for name, b, a in totals if b in summary and a in summary)
+    return f"<table><tr><th>domain</th><th>before RL</th><th>after RL</th></tr>{rows}</table>"
+
+
+def _samples_table(run_dir: Path, limit: int) -> str:
+    files = sorted((run_dir / "samples").glob("step_*.jsonl"))
+    if not files:
+        return "<p>no samples recorded (tracking.samples_every)</p>"
+    samples = read_rows(files[-1])[:limit]
+    body = []
+    for s in samples:
+        turns = s.get("turns") or [{"action": s.get("completion", "")}]
+        actions = "\n\n".join(f"[turn {i + 1}] {t.get('action', '')}" + (f"\n-> {t['observation']}"
+                              if t.get("observation") else "") for i, t in enumerate(turns))
+        components = ", ".join(f"{k} {v:.2f}" for k, v in (s.get("components") or {}).items())
+        body.append(f"<tr><td>{html.escape(str(s.get('task_id')))}</td><td>{s.get('reward', 0):.3f}<br>"
+                    f"<small>{html.escape(components)}</small></td><td><pre>{html.escape(actions)}</pre></td></tr>")
+    return (f"<p>{files[-1].name}</p><table><tr><th>task</th><th>reward</th><th>completion</th></tr>"
+            f"{''.join(body)}</table>")
+
+
+def write_report(run_dir: Path, out: Path | None = None, samples: int = 12) -> Path:
+    """Write RUN_DIR/report.html (or `out`) from metrics.jsonl, summary.json and the newest samples file."""
+    rows = read_rows(run_dir / "metrics.jsonl")
+    summary_path = run_dir / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+    figures = [(t, _figure(t, rows, p)) for t, p in PANELS]
+    images = "".join(f'<img alt="{html.escape(t)}" src="data:image/png;base64,{png}">' for t, png in figures if png)
+    facts = {k: v for k, v in summary.items() if isinstance(v, int | float | str)}
+    facts_html = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(f'{v:.4g}' if isinstance(v, float) else str(v))}"
+                         "</td></tr>" for k, v in facts.items())
+    page = (f"<!doctype html><html><head><meta charset='utf-8'><title>tempering run {html.escape(run_dir.name)}"
+            f"</title><style>{STYLE}</style></head><body><h1>tempering run: {html.escape(str(run_dir))}</h1>"
+            f"<p>{len(rows)} RL steps recorded</p><h2>Held-out pass@1 per domain</h2>{_passk_table(summary)}"
+            f"<h2>Training curves</h2><div class='grid'>{images or '<p>no RL steps yet</p>'}</div>"
+            f"<h2>Sample completions</h2>{_samples_table(run_dir, samples)}"
+            f"<h2>Summary</h2><table>{facts_html}</table></body></html>")
+    out = out or run_dir / "report.html"
+    out.write_text(page, encoding="utf-8")
+    return out
