@@ -103,7 +103,9 @@ def _task_fields(record: dict[str, Any], columns: dict[str, str], row: int) -> d
               **{field: record[column] for field, column in columns.items() if column in record}}
     if "reward_model" not in record:
         return record
-    messages, truth = record["prompt"], record["reward_model"]["ground_truth"]
+    messages, truth = record["prompt"], (record["reward_model"] or {}).get("ground_truth")
+    if truth is None:
+        raise ValueError("reward_model.ground_truth is missing")
     if isinstance(messages, str):
         messages = [{"role": "user", "content": messages}]
     extra = dict(record.get("extra_info") or {})
@@ -121,7 +123,7 @@ def _task_fields(record: dict[str, Any], columns: dict[str, str], row: int) -> d
         tests = [{"input": i if isinstance(i, list) else [i], "output": o} if name else {"stdin": i, "stdout": o}
                  for i, o in zip(truth["inputs"], truth["outputs"], strict=True)]
         return {**task, "env": "code", "entry_point": name, "tests": tests}
-    return {**task, "env": "answer", "answer": truth}
+    return {**task, "env": "answer", "answer": truth, "reference_solution": str(truth)}
 
 
 def save_tasks(tasks: Iterable[Task], path: str | Path) -> Path:

@@ -51,6 +51,8 @@ class MlflowSink:
     """An MLflow run in the file store RUN_DIR/mlruns (`mlflow ui --backend-store-uri RUN_DIR/mlruns`)."""
 
     def __init__(self, run_dir: Path, config: dict[str, Any], experiment: str):
+        # MLflow 3 asks file-store users to opt in (it prefers a database); a local file store is the point here.
+        os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         import mlflow
 
         self.mlflow = mlflow
@@ -63,9 +65,9 @@ class MlflowSink:
         self.mlflow.log_metrics({k: float(v) for k, v in metrics.items()}, step=step)
 
     def samples(self, step: int, rows: list[dict[str, Any]]) -> None:
-        columns = list(zip(*sample_table(step, rows), strict=True)) or [[]] * len(SAMPLE_COLUMNS)
-        self.mlflow.log_table({c: list(v) for c, v in zip(SAMPLE_COLUMNS, columns, strict=True)},
-                              artifact_file=f"samples/step_{step:06d}.json")
+        # The layout of MLflow's own table artifacts (`log_table`, which would need pandas).
+        self.mlflow.log_dict({"columns": SAMPLE_COLUMNS, "data": sample_table(step, rows)},
+                             f"samples/step_{step:06d}.json")
 
     def close(self) -> None:
         self.mlflow.end_run()
