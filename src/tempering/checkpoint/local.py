@@ -14,7 +14,6 @@ only if its manifest verifies; a corrupt or partial one is reported by name and 
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 import os
 import random
@@ -29,6 +28,7 @@ import torch
 
 from tempering.errors import CheckpointError
 from tempering.models.lora import adapter_state
+from tempering.models.registry import sha256 as _sha256
 
 MANIFEST = "MANIFEST.json"
 LATEST = "LATEST"
@@ -36,14 +36,6 @@ LATEST = "LATEST"
 
 def checkpoint_name(step: int) -> str:
     return f"step_{step:06d}"
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def write_manifest(directory: Path) -> dict[str, Any]:
