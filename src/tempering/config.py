@@ -37,7 +37,8 @@ class RunSection(Section):
 
 class LoraSection(Section):
     r: int = Field(0, ge=0)
-    """Rank of the LoRA adapters trained instead of the full model (peft); 0 = full fine-tuning."""
+    """Rank of the LoRA adapters RL trains instead of the full model (peft); 0 = full fine-tuning. The SFT
+    warm-up, when it runs, trains the whole model."""
     alpha: float = Field(16.0, gt=0.0)
     """LoRA scaling numerator: the update is (alpha / r) B A."""
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
