@@ -73,7 +73,7 @@ class LocalEngine:
         distribution (evaluation)."""
         s = self.sampling
         with self._weights():
-                gen = generate(self.model, self.tokenizer, contexts, max_new_tokens=max_new_tokens or s.max_new_tokens,
+            gen = generate(self.model, self.tokenizer, contexts, max_new_tokens=max_new_tokens or s.max_new_tokens,
                            temperature=s.temperature, top_p=s.top_p, greedy=greedy, generator=generator,
                            stop_ids=self.stop_ids)
         gen.version = self.version
