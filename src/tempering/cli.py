@@ -8,6 +8,9 @@
     tempering sandbox doctor | serve | bench             protections; HTTP service; throughput
     tempering models list | prepare NAME                 the model registry (e.g. smollm2-135m-instruct)
     tempering report RUN_DIR [--out FILE]                summary, and a self-contained HTML report
+    tempering repair MODEL_OR_URL --tasks FILE           the repair agent (write, run, read the error, retry)
+    tempering serve MODEL [--port 8000]                  an OpenAI-compatible server over a local model
+    tempering data from-logs LOGS... --out FILE          production error logs -> checked sandbox tasks
 
 Bad input ends with one line `error: ...` and exit status 2.
 """
@@ -47,35 +50,19 @@ def cmd_sft(args: argparse.Namespace) -> int:
     return 0
 
 
-def _resolve_model_dir(path: Path) -> Path:
-    """A model directory (or a LoRA adapter directory), a checkpoint directory (model/ inside), or a run
-    directory (its final model)."""
-    from tempering import checkpoint as ckpt
-    from tempering.models.lora import is_adapter_dir
-
-    if (path / "config.json").is_file() or is_adapter_dir(path):
-        return path
-    if (path / "MANIFEST.json").is_file():
-        return ckpt.require(path).model_dir
-    if (path / "checkpoints").is_dir():
-        latest, _ = ckpt.find_latest(path / "checkpoints")
-        if latest:
-            return latest.model_dir
-    return path  # let the loader produce the error message
-
-
 def cmd_export(args: argparse.Namespace) -> int:
     """A checkpoint (or a run's newest) as a plain Hugging Face model directory; LoRA adapters are merged
     into their base."""
     import shutil
 
+    from tempering import checkpoint as ckpt
     from tempering.models.loading import load_model, load_tokenizer
     from tempering.models.lora import is_adapter_dir
 
     source = Path(args.checkpoint)
     if not source.exists():
         raise TemperingError(f"checkpoint '{source}' does not exist")
-    model_dir = _resolve_model_dir(source)
+    model_dir = ckpt.model_dir_of(source)
     if not ((model_dir / "config.json").is_file() or is_adapter_dir(model_dir)):
         raise TemperingError(f"'{source}' is not a checkpoint, run directory or model directory")
     out = Path(args.to)
@@ -98,6 +85,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
+    from tempering import checkpoint as ckpt
     from tempering.data import load_tasks
     from tempering.envs import EnvContext
     from tempering.eval.evaluate import evaluate
@@ -105,7 +93,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from tempering.rollout.engine import LocalEngine, SamplingParams
     from tempering.sandbox import LocalSandbox
 
-    model_dir = check_model_dir(_resolve_model_dir(Path(args.model)))
+    model_dir = check_model_dir(ckpt.model_dir_of(Path(args.model)))
     tasks = load_tasks(args.tasks)[: args.limit]
     try:
         ks = tuple(sorted({int(k) for k in args.k.split(",")}))
@@ -357,6 +345,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name")
     p.add_argument("--cache", help="cache directory (default $TEMPERING_CACHE or ~/.cache/tempering)")
     p.set_defaults(fn=cmd_models_prepare)
+
+    from tempering.deploy.commands import add_parsers
+
+    add_parsers(sub, data)
 
     p = sub.add_parser("report", help="print a run's summary and write its HTML report (RUN_DIR/report.html)")
     p.add_argument("run_dir")

@@ -20,6 +20,7 @@ from tempering.checkpoint.local import (
     checkpoint_name,
     cpu_copy,
     find_latest,
+    model_dir_of,
     prune,
     require,
     retained,
@@ -36,6 +37,6 @@ from tempering.checkpoint.saver import Saver, resume_point
 
 __all__ = [
     "LATEST", "MANIFEST", "Checkpoint", "RemoteStore", "Saver", "Snapshot", "checkpoint_name", "cpu_copy", "find_latest",
-    "prune", "require", "resume_point", "retained", "rng_state", "save_checkpoint", "set_rng_state", "snapshot",
+    "model_dir_of", "prune", "require", "resume_point", "retained", "rng_state", "save_checkpoint", "set_rng_state", "snapshot",
     "verify", "write_manifest", "write_snapshot",
 ]

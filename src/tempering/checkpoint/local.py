@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from tempering.errors import CheckpointError
-from tempering.models.lora import adapter_state
+from tempering.models.lora import adapter_state, is_adapter_dir
 from tempering.models.registry import sha256 as _sha256
 
 MANIFEST = "MANIFEST.json"
@@ -255,3 +255,17 @@ def require(path: Path) -> Checkpoint:
     except (OSError, ValueError, KeyError):
         step = -1
     return Checkpoint(path, step)
+
+
+def model_dir_of(path: Path) -> Path:
+    """The model a path names: a model directory (or a LoRA adapter directory) itself, a checkpoint
+    directory's model/, or a run directory's newest checkpoint's model/ (else `path`, for the loader's error)."""
+    if (path / "config.json").is_file() or is_adapter_dir(path):
+        return path
+    if (path / MANIFEST).is_file():
+        return require(path).model_dir
+    if (path / "checkpoints").is_dir():
+        latest, _ = find_latest(path / "checkpoints")
+        if latest:
+            return latest.model_dir
+    return path

@@ -71,6 +71,33 @@ class PlainFormat:
         ids = self.tokenizer(observation, add_special_tokens=False, split_special_tokens=True).input_ids
         return ids if ended else [self.end_id, *ids]
 
+    def render(self, messages: list[dict[str, str]]) -> list[int]:
+        """The ids an episode with these turns would hold before its next action (what a server generates
+        from): the first user message is the prompt, then assistant/user pairs. A leading system message
+        is put before the prompt's text."""
+        messages = _merge_system(messages)
+        ids, conv = self.start(messages[0]["content"])
+        for action, observation in zip(messages[1::2], messages[2::2]):
+            action_ids = self.tokenizer(action["content"], add_special_tokens=False).input_ids
+            ids += action_ids + self.observation(conv, action["content"], False, observation["content"])
+        return ids
+
+
+def _merge_system(messages: list[dict[str, str]]) -> list[dict[str, str]]:
+    """Plain turns: an optional system message (joined to the first user message), then user, assistant,
+    user, ... ending with a user message."""
+    if messages and messages[0].get("role") == "system":
+        rest = messages[1:]
+        if not rest:
+            raise ValueError("messages: a system message needs a user message after it")
+        messages = [{"role": "user", "content": f"{messages[0]['content']}\n\n{rest[0]['content']}"}, *rest[1:]]
+    roles = [m.get("role") for m in messages]
+    expected = ["user" if i % 2 == 0 else "assistant" for i in range(len(roles))]
+    if not roles or roles != expected or roles[-1] != "user":
+        raise ValueError(f"messages: this model has no chat template; it takes user and assistant turns in turn, "
+                         f"ending with a user turn (got {', '.join(map(str, roles)) or 'none'})")
+    return messages
+
 
 class TemplateFormat:
     name = "template"
@@ -112,6 +139,10 @@ class TemplateFormat:
         tail = tail.removeprefix(end) if end else tail
         ids = self._ids(tail + after[len(before):])
         return ids if ended else [self.end_id, *ids]
+
+    def render(self, messages: list[dict[str, str]]) -> list[int]:
+        """The conversation as the template renders it, with the generation prompt (what a server generates from)."""
+        return self._ids(self._render(Conversation(), messages, True))
 
 
 def chat_format(tokenizer, name: str = "auto", observation_role: str = "user"):

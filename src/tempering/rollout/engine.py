@@ -18,7 +18,7 @@ contexts just the same: the driver passes whole contexts and never re-tokenizes.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Protocol
@@ -68,14 +68,16 @@ class LocalEngine:
         self._weights = nullcontext if adapters else model.disable_adapter
 
     def generate(self, contexts: list[list[int]], *, generator: torch.Generator | None = None,
-                 greedy: bool = False, max_new_tokens: int | None = None) -> Generation:
+                 greedy: bool = False, max_new_tokens: int | None = None, sampling: SamplingParams | None = None,
+                 on_tokens: Callable[[list[int], list[int]], None] | None = None) -> Generation:
         """One completion per context (repeat a context G times for a group); greedy ignores the sampling
-        distribution (evaluation)."""
-        s = self.sampling
+        distribution (evaluation). A server passes each batch's own `sampling` and hears the tokens as they
+        come (`on_tokens`, see `generate`)."""
+        s = sampling or self.sampling
         with self._weights():
             gen = generate(self.model, self.tokenizer, contexts, max_new_tokens=max_new_tokens or s.max_new_tokens,
                            temperature=s.temperature, top_p=s.top_p, greedy=greedy, generator=generator,
-                           stop_ids=self.stop_ids)
+                           stop_ids=self.stop_ids, on_tokens=on_tokens)
         gen.version = self.version
         return gen
 

@@ -7,6 +7,7 @@ and the truncation flag; `generate` gives these only partially.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -85,16 +86,26 @@ def generate(
     generator: torch.Generator | None = None,
     batch_size: int = 256,
     stop_ids: tuple[int, ...] = (),
+    on_tokens: Callable[[list[int], list[int]], None] | None = None,
 ) -> Generation:
     """Sample one completion per prompt (repeat a prompt G times for a group). Prompts are token id lists.
-    A completion ends at the first of `stop_ids` (default: EOS), which it keeps as its last token."""
+    A completion ends at the first of `stop_ids` (default: EOS), which it keeps as its last token.
+    `on_tokens(rows, tokens)`, when given, hears each step's new token of every row still generating (a
+    server streams them)."""
     stops = torch.tensor(stop_ids or (tokenizer.eos_token_id,))
     parts = [
         _generate_chunk(model, tokenizer, prompts[i: i + batch_size], max_new_tokens, temperature, top_p,
-                        greedy, generator, stops)
+                        greedy, generator, stops, _offset(on_tokens, i))
         for i in range(0, len(prompts), batch_size)
     ]
     return parts[0] if len(parts) == 1 else _concat(parts, tokenizer.pad_token_id)
+
+
+def _offset(on_tokens, first: int):
+    """`on_tokens` for a chunk whose rows start at `first`."""
+    if on_tokens is None or first == 0:
+        return on_tokens
+    return lambda rows, tokens: on_tokens([first + r for r in rows], tokens)
 
 
 def generator_on(device: torch.device, generator: torch.Generator | None) -> torch.Generator | None:
@@ -107,7 +118,8 @@ def generator_on(device: torch.device, generator: torch.Generator | None) -> tor
     return torch.Generator(device=device).manual_seed(seed)
 
 
-def _generate_chunk(model, tokenizer, prompts, max_new_tokens, temperature, top_p, greedy, generator, stops):
+def _generate_chunk(model, tokenizer, prompts, max_new_tokens, temperature, top_p, greedy, generator, stops,
+                    on_tokens=None):
     device = next(model.parameters()).device
     generator = generator_on(device, generator)
     pad = tokenizer.pad_token_id
@@ -133,6 +145,8 @@ def _generate_chunk(model, tokenizer, prompts, max_new_tokens, temperature, top_
                                   greedy=greedy)
         tokens[active, t], logps[active, t] = token.cpu(), logp.cpu()
         width = t + 1
+        if on_tokens is not None:
+            on_tokens(active.tolist(), token.tolist())
         finished = torch.isin(token, device_stops)
         if bool(finished.all()) or t == max_new_tokens - 1:
             break

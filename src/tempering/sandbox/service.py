@@ -41,23 +41,23 @@ MIN_TOKEN_CHARS = 16
 # ------------------------------------------------------------------------------------------- secrets
 
 
-def read_token(token_file: str | None = None) -> str | None:
-    """The shared secret: the first line of `token_file` (or of $TEMPERING_SANDBOX_TOKEN_FILE), else
-    $TEMPERING_SANDBOX_TOKEN, else None."""
-    path = token_file or os.environ.get(TOKEN_FILE_ENV)
+def read_token(token_file: str | None = None, env: str = TOKEN_ENV, file_env: str = TOKEN_FILE_ENV) -> str | None:
+    """The shared secret: the first line of `token_file` (or of the file named by $`file_env`), else
+    $`env`, else None. (`tempering serve` reads its own variables, TEMPERING_SERVE_TOKEN[_FILE].)"""
+    path = token_file or os.environ.get(file_env)
     if path:
         try:
             lines = Path(path).read_text().splitlines()
         except OSError as e:
-            raise SandboxError(f"cannot read the sandbox token file '{path}': {e.strerror}") from None
+            raise SandboxError(f"cannot read the token file '{path}': {e.strerror}") from None
         token = lines[0].strip() if lines else ""
     else:
-        token = os.environ.get(TOKEN_ENV, "").strip()
+        token = os.environ.get(env, "").strip()
     if not token:
         return None
     if len(token) < MIN_TOKEN_CHARS:
-        raise SandboxError(f"the sandbox token is {len(token)} characters; use at least {MIN_TOKEN_CHARS} "
-                           "(e.g. `python -c 'import secrets; print(secrets.token_urlsafe(32))'`)")
+        raise SandboxError(f"the token (${env} or its file) is {len(token)} characters; use at least "
+                           f"{MIN_TOKEN_CHARS} (e.g. `python -c 'import secrets; print(secrets.token_urlsafe(32))'`)")
     return token
 
 

@@ -1,0 +1,211 @@
+"""The deployment side's commands: `tempering repair`, `tempering serve`, `tempering data from-logs`.
+
+Everything a command needs is checked before it starts working - the task file, the model path or the
+server's URL, the alert settings - and each problem is one `error:` line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from tempering.errors import TemperingError
+
+
+def _alert(args: argparse.Namespace, metrics):
+    from tempering.deploy.monitor import AlertRule
+
+    if not args.alert_webhook:
+        return None
+    if not args.alert_webhook.startswith(("http://", "https://")):
+        raise TemperingError(f"--alert-webhook '{args.alert_webhook}' is not an http(s) URL")
+    try:
+        return AlertRule(args.alert_webhook, threshold=args.alert_threshold, window=args.alert_window,
+                         min_events=min(args.alert_window, args.alert_min_events), metrics=metrics)
+    except ValueError as e:
+        raise TemperingError(str(e)) from None
+
+
+def run_settings(model: str) -> dict:
+    """The environment settings of the run a model comes from (a run or checkpoint directory holds its
+    config.yaml): feedback length, instruction, chat format, context budget. {} for anything else."""
+    from tempering.config import load_config
+
+    path = Path(model)
+    found = next((p / "config.yaml" for p in (path, *path.parents[:3]) if (p / "config.yaml").is_file()), None)
+    if found is None:
+        return {}
+    env = load_config(str(found), []).env
+    return {"feedback_chars": env.feedback_chars, "code_instruction": env.options.code_instruction,
+            "chat_format": env.chat_format, "max_context": env.max_context}
+
+
+def _tasks(args: argparse.Namespace):
+    from tempering.data import load_tasks
+    from tempering.types import Task, TestCase
+
+    if bool(args.tasks) == bool(args.prompt):
+        raise TemperingError("give either --tasks FILE or --prompt TEXT with --tests FILE")
+    if args.tasks:
+        tasks = load_tasks(args.tasks)[: args.limit]
+    else:
+        if not args.tests:
+            raise TemperingError("--prompt needs --tests FILE (a JSON list of test cases)")
+        prompt = Path(args.prompt[1:]).read_text() if args.prompt.startswith("@") else args.prompt
+        try:
+            tests = [TestCase.model_validate(t) for t in json.loads(Path(args.tests).read_text())]
+        except (OSError, ValueError) as e:
+            raise TemperingError(f"--tests '{args.tests}': {str(e).splitlines()[0]}") from None
+        tasks = [Task(id="prompt", domain="prompt", prompt=prompt, entry_point=args.entry_point, tests=tests)]
+    if not tasks:
+        raise TemperingError("no tasks to run")
+    if bad := [t.id for t in tasks if t.env != "code"]:
+        raise TemperingError(f"the repair agent takes code tasks; not: {', '.join(bad[:5])}")
+    return tasks
+
+
+def cmd_repair(args: argparse.Namespace) -> int:
+    import torch
+    from prometheus_client import start_http_server
+
+    from tempering.deploy.agent import RepairSettings, repair
+    from tempering.deploy.backends import HTTPChat, is_url, load_local
+    from tempering.deploy.monitor import JsonLog, Metrics
+    from tempering.envs import EnvContext
+    from tempering.sandbox import LocalSandbox
+
+    tasks = _tasks(args)
+    metrics = Metrics()
+    alert = _alert(args, metrics)
+    settings = {} if is_url(args.model) else run_settings(args.model)
+    if is_url(args.model):
+        backend = HTTPChat(args.model, model=args.model_name, concurrency=args.concurrency)
+    else:
+        torch.set_num_threads(args.threads)
+        backend = load_local(args.model, device=args.device, chat=args.chat_format or settings.get("chat_format", "auto"),
+                             max_context=args.max_context or settings.get("max_context"))
+    if args.metrics_port:
+        start_http_server(args.metrics_port, addr="127.0.0.1", registry=metrics.registry)
+    instruction = args.instruction or settings.get("code_instruction")
+    with LocalSandbox(workers=2) as sandbox:
+        ctx = EnvContext(sandbox, feedback_chars=args.feedback_chars or settings.get("feedback_chars", 400),
+                         options={"code_instruction": instruction})
+        report = repair(backend, tasks, ctx, RepairSettings(args.repairs, not args.no_stuck, args.max_tokens,
+                                                            args.temperature, args.seed),
+                        log=JsonLog(args.log), metrics=metrics, alert=alert)
+    summary = {"model": args.model, "repairs": args.repairs, **report.summary(),
+               "alerts": alert.fired if alert else 0}
+    print(json.dumps(summary, indent=1))
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(summary, indent=1))
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import torch
+
+    from tempering.deploy.backends import load_local
+    from tempering.deploy.monitor import Metrics
+    from tempering.deploy.server import TOKEN_ENV, TOKEN_FILE_ENV, serve
+    from tempering.sandbox.service import read_token
+
+    token = read_token(args.token_file, TOKEN_ENV, TOKEN_FILE_ENV)
+    alert = _alert(args, Metrics())
+    settings = run_settings(args.model)
+    torch.set_num_threads(args.threads)
+    chat = load_local(args.model, device=args.device, chat=args.chat_format or settings.get("chat_format", "auto"),
+                      max_context=args.max_context)
+    chat.name = args.name or Path(args.model).name
+    auth = "token required" if token else "no token (loopback only)"
+    print(f"serving {chat.name} on http://{args.host}:{args.port}/v1 ({auth}); Ctrl-C stops it", file=sys.stderr)
+    serve(chat, args.host, args.port, token=token, log_path=args.log, alert=alert, max_batch=args.max_batch)
+    return 0
+
+
+def cmd_data_from_logs(args: argparse.Namespace) -> int:
+    import hashlib
+
+    from tempering.data import save_tasks
+    from tempering.data.from_logs import build_tasks, read_records
+    from tempering.sandbox import LocalSandbox
+
+    out = Path(args.out)
+    heldout = out.with_name(out.stem + ".heldout.jsonl") if args.heldout_fraction else None
+    for path in filter(None, (out, heldout)):
+        if path.exists():
+            raise TemperingError(f"'{path}' exists; from-logs writes a new file (remove it or choose another --out)")
+    if not 0.0 <= args.heldout_fraction < 1.0:
+        raise TemperingError(f"--heldout-fraction {args.heldout_fraction} is not in [0, 1)")
+    records = read_records(args.logs)
+    with LocalSandbox(workers=2) as sandbox:
+        built = build_tasks(records, sandbox)
+
+    def held(task) -> bool:
+        return int(hashlib.sha1(task.id.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF < args.heldout_fraction
+
+    save_tasks([t for t in built.tasks if not held(t)], out)
+    if heldout:
+        save_tasks([t for t in built.tasks if held(t)], heldout)
+    print(f"{built.records} records -> {len(built.tasks)} tasks, written to {out}"
+          + (f" and {heldout} ({sum(map(held, built.tasks))} held out)" if heldout else ""))
+    for why, n in built.dropped.most_common():
+        print(f"  dropped {n}: {why}")
+    return 0
+
+
+def add_parsers(sub, data) -> None:
+    """The commands' arguments, on the `tempering` parser (`sub`) and its `data` group."""
+    alert = argparse.ArgumentParser(add_help=False)
+    alert.add_argument("--alert-webhook", help="POST an alert (JSON) here when the failure rate crosses the threshold")
+    alert.add_argument("--alert-threshold", type=float, default=0.5, help="failure rate that starts an incident")
+    alert.add_argument("--alert-window", type=int, default=50, help="outcomes in the sliding window")
+    alert.add_argument("--alert-min-events", type=int, default=10, help="outcomes needed before an alert can fire")
+    model = argparse.ArgumentParser(add_help=False)
+    model.add_argument("--chat-format", choices=["auto", "plain", "template"],
+                       help="the format the model was trained with (default: its run's env.chat_format, else auto)")
+    model.add_argument("--max-context", type=int, help="prompt + completion budget in tokens")
+    model.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda, cuda:1, mps")
+    model.add_argument("--threads", type=int, default=2)
+
+    p = sub.add_parser("repair", parents=[alert, model], help="the repair agent: write, run, read the error, retry")
+    p.add_argument("model", help="model, checkpoint or run directory, registry name, or an OpenAI-compatible URL "
+                                 "(http://host:port/v1; key from $TEMPERING_API_KEY or $OPENAI_API_KEY)")
+    p.add_argument("--tasks", help="task file or named set (humaneval, leetcode-easy, ...)")
+    p.add_argument("--prompt", help="one task's prompt (or @FILE)")
+    p.add_argument("--tests", help="with --prompt: a JSON list of test cases")
+    p.add_argument("--entry-point", help="with --prompt: the function the tests call")
+    p.add_argument("--limit", type=int, help="only the first N tasks")
+    p.add_argument("--repairs", type=int, default=3, help="attempts after the first")
+    p.add_argument("--no-stuck", action="store_true", help="do not stop when the same error repeats")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--max-tokens", type=int, default=48, help="most tokens of one attempt")
+    p.add_argument("--feedback-chars", type=int, help="longest feedback (default: the model's run, else 400)")
+    p.add_argument("--instruction", help="text put before each prompt (default: the model's run)")
+    p.add_argument("--model-name", help="URL backends: the model to ask for (default: the server's first)")
+    p.add_argument("--concurrency", type=int, default=8, help="URL backends: requests in flight")
+    p.add_argument("--log", help="append every attempt to this JSONL file")
+    p.add_argument("--out", help="write the summary as JSON here")
+    p.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on 127.0.0.1:PORT while running")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(fn=cmd_repair)
+
+    p = sub.add_parser("serve", parents=[alert, model], help="an OpenAI-compatible server over a local model")
+    p.add_argument("model", help="model, checkpoint or run directory, or registry name")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (loopback by default)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--name", help="the model's name in /v1/models (default: the directory's name)")
+    p.add_argument("--max-batch", type=int, default=32, help="most requests generated together")
+    p.add_argument("--token-file", help="file holding the API key clients must send (default: $TEMPERING_SERVE_TOKEN); "
+                                        "required on a non-loopback --host")
+    p.add_argument("--log", help="append one JSON line per request to this file")
+    p.set_defaults(fn=cmd_serve)
+
+    p = data.add_parser("from-logs", help="production error logs -> deduplicated, checked sandbox tasks")
+    p.add_argument("logs", nargs="+", help="JSONL logs: the repair agent's attempt logs, or error records")
+    p.add_argument("--out", required=True, help="task file to write (JSONL)")
+    p.add_argument("--heldout-fraction", type=float, default=0.0,
+                   help="also write OUT.heldout.jsonl with this share of the tasks (for evaluation)")
+    p.set_defaults(fn=cmd_data_from_logs)

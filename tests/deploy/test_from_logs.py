@@ -1,0 +1,96 @@
+"""Error logs -> sandbox tasks: tests derived from the records, checked on creation, deduplicated."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tempering.data import load_tasks
+from tempering.data.from_logs import build_tasks, read_records
+from tempering.deploy.agent import repair
+from tempering.deploy.backends import Completion
+from tempering.deploy.monitor import JsonLog
+from tempering.envs import EnvContext
+from tempering.errors import TaskFileError
+from tempering.types import Task, TestCase
+
+PROMPT = "def median3(a, b, c):\n    \"\"\"The middle one of three numbers.\"\"\"\n"
+WRONG = "def median3(a, b, c):\n    return sorted([a, b, c])[0]\n"
+RIGHT = "def median3(a, b, c):\n    return sorted([a, b, c])[1]\n"
+
+
+def user_record(**kw):
+    return {"prompt": PROMPT, "entry_point": "median3", "code": WRONG, "error": "wrong result", **kw}
+
+
+def write(path, records):
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def test_user_records_become_one_checked_task(sandbox, tmp_path):
+    log = write(tmp_path / "errors.jsonl", [
+        user_record(input=[3, 1, 2], expected=2),
+        user_record(input=[9, 7, 8], expected=8, reference=RIGHT),
+        user_record(input=[3, 1, 2], expected=2),                       # the same failure again
+        {"prompt": "def neg(x):\n", "entry_point": "neg", "code": "def neg(x):\n    return -x\n",
+         "input": [2], "expected": -2},                                 # logged, but the code is right
+        {"prompt": "def sq(x):\n", "entry_point": "sq", "code": "def sq(x):\n    return x * 2\n",
+         "input": [3], "expected": 9, "reference": "def sq(x):\n    return x + x\n"},  # a wrong reference
+    ])
+    built = build_tasks(read_records([log]), sandbox)
+    [task] = built.tasks
+    assert task.prompt == PROMPT and task.entry_point == "median3"
+    assert [(t.input, t.output) for t in task.tests] == [([3, 1, 2], 2), ([9, 7, 8], 8)]  # pooled, each once
+    assert task.reference_solution == RIGHT and task.metadata["failing_programs"] == [WRONG]
+    assert sandbox.run_tests_batch([(task, RIGHT)])[0].all_passed           # the reference passes
+    assert not sandbox.run_tests_batch([(task, WRONG)])[0].all_passed       # the logged failure fails
+    assert built.dropped == {"the logged failing code passes the derived tests": 1,
+                             "the reference fails the derived tests": 1}
+
+
+def test_agent_logs_become_tasks_with_their_repair_as_reference(sandbox, tmp_path):
+    task = Task(id="m", domain="d", prompt=PROMPT, entry_point="median3",
+                tests=[TestCase(input=[1, 2, 3], output=2), TestCase(input=[5, 4, 6], output=5)])
+
+    class TwoTries:
+        name = "scripted"
+
+        def chat(self, conversations, **kw):
+            return [Completion(WRONG if len(m) == 1 else RIGHT, "stop") for m in conversations]
+
+    log = tmp_path / "agent.jsonl"
+    for _ in range(2):  # the same task failed twice in production: one task comes out
+        repair(TwoTries(), [task], EnvContext(sandbox), log=JsonLog(log))
+    built = build_tasks(read_records([log]), sandbox)
+    [made] = built.tasks
+    assert [(t.input, t.output) for t in made.tests] == [(t.input, t.output) for t in task.tests]
+    assert made.reference_solution == RIGHT and made.metadata["failing_programs"] == [WRONG]
+    assert made.metadata["errors"] == ["2 of 2 hidden tests fail"]
+
+
+def test_cli_writes_eval_and_train_files_and_never_overwrites(sandbox, tmp_path):
+    records = [user_record(prompt=f"def f{i}(a, b, c):\n", entry_point=f"f{i}", code=WRONG.replace("median3", f"f{i}"),
+                           input=[3, 1, 2], expected=2) for i in range(12)]
+    log = write(tmp_path / "errors.jsonl", records)
+    out = tmp_path / "tasks.jsonl"
+    cmd = [sys.executable, "-m", "tempering.cli", "data", "from-logs", str(log), "--out", str(out),
+           "--heldout-fraction", "0.25"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    train, heldout = load_tasks(out), load_tasks(tmp_path / "tasks.heldout.jsonl")
+    assert len(train) + len(heldout) == 12 and heldout and not {t.id for t in train} & {t.id for t in heldout}
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 2 and again.stderr.startswith("error: ") and "exists" in again.stderr
+    assert len(load_tasks(out)) == len(train)  # nothing written is lost
+
+
+def test_a_malformed_log_names_the_file_and_line(tmp_path):
+    log = tmp_path / "bad.jsonl"
+    log.write_text(json.dumps(user_record(input=[1, 2, 3], expected=2)) + "\n{not json\n")
+    with pytest.raises(TaskFileError, match=r"bad.jsonl:2: not JSON"):
+        read_records([log])
+    write(log, [{"prompt": PROMPT, "input": [1, 2, 3]}])
+    with pytest.raises(TaskFileError, match=r"bad.jsonl:1: .*missing field 'code'"):
+        build_tasks(read_records([log]), sandbox=None)
