@@ -124,6 +124,8 @@ class HTTPChat:
             r = self.client.post(f"{self.url}/chat/completions", json=body)
         except httpx.HTTPError as e:
             raise TemperingError(f"model server at {self.url}: {e}") from None
+        if r.status_code == 400 and "context" in r.text:  # OpenAI's context_length_exceeded, vLLM's wording
+            return Completion("", "context")
         if r.status_code != 200:
             raise TemperingError(f"model server at {self.url}: chat/completions answered {r.status_code}: "
                                  f"{r.text[:200]}")

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ConfigDict, Field
@@ -132,8 +133,8 @@ class Batcher:
             j.future.set_result(completion)
 
 
-def _error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status_code=status)
+def _error(status: int, message: str, kind: str = "invalid_request_error", code: str | None = None) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": kind, "code": code or status}}, status_code=status)
 
 
 def _text(content: Any) -> str:
@@ -183,6 +184,12 @@ def create_app(chat: LocalChat, *, token: str | None = None, log_path: str | Non
     created = int(time.time())
     stops = set(chat.engine.stop_ids)
 
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {}
+        where = ".".join(str(x) for x in first.get("loc", ())[1:]) or "body"
+        return _error(400, f"{where}: {first.get('msg', 'invalid request')}")
+
     @app.middleware("http")
     async def observe(request: Request, call_next):
         started = time.perf_counter()
@@ -217,7 +224,8 @@ def create_app(chat: LocalChat, *, token: str | None = None, log_path: str | Non
                           "not_found_error")
         room = chat.max_context - len(prompt)
         if room <= 0:
-            return _error(400, f"the prompt is {len(prompt)} tokens; this model's context is {chat.max_context}")
+            return _error(400, f"the prompt is {len(prompt)} tokens; this model's context is {chat.max_context}",
+                          code="context_length_exceeded")
         wanted = body.max_completion_tokens or body.max_tokens or DEFAULT_MAX_TOKENS
         return Job(prompt, min(wanted, room), body.temperature, body.top_p,
                    body.seed if body.seed is not None else time.time_ns() % (1 << 31))
