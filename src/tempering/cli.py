@@ -346,7 +346,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache", help="cache directory (default $TEMPERING_CACHE or ~/.cache/tempering)")
     p.set_defaults(fn=cmd_models_prepare)
 
-    from tempering.deploy.commands import add_parsers
+    from tempering.agent.commands import add_parsers
 
     add_parsers(sub, data)
 

@@ -2,7 +2,7 @@
 
 Two kinds of JSONL records are read (a file may mix them):
 
-* the repair agent's attempt log (`tempering repair --log`, `deploy.agent.ATTEMPT_FIELDS`): each record
+* the repair agent's attempt log (`tempering repair --log`, `agent.repair.ATTEMPT_FIELDS`): each record
   carries its task, tests included; the failing attempts become the logged failures, and an attempt that
   passed serves as the reference when the task has none;
 * a user's own error records, one per failure:

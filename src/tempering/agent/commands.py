@@ -15,7 +15,7 @@ from tempering.errors import TemperingError
 
 
 def _alert(args: argparse.Namespace, metrics):
-    from tempering.deploy.monitor import AlertRule
+    from tempering.agent.monitor import AlertRule
 
     if not args.alert_webhook:
         return None
@@ -70,9 +70,9 @@ def cmd_repair(args: argparse.Namespace) -> int:
     import torch
     from prometheus_client import start_http_server
 
-    from tempering.deploy.agent import RepairSettings, repair
-    from tempering.deploy.backends import HTTPChat, is_url, load_local
-    from tempering.deploy.monitor import JsonLog, Metrics
+    from tempering.agent.backends import HTTPChat, is_url, load_local
+    from tempering.agent.monitor import JsonLog, Metrics
+    from tempering.agent.repair import RepairSettings, repair
     from tempering.envs import EnvContext
     from tempering.sandbox import LocalSandbox
 
@@ -107,9 +107,9 @@ def cmd_repair(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     import torch
 
-    from tempering.deploy.backends import load_local
-    from tempering.deploy.monitor import Metrics
-    from tempering.deploy.server import TOKEN_ENV, TOKEN_FILE_ENV, serve
+    from tempering.agent.backends import load_local
+    from tempering.agent.monitor import Metrics
+    from tempering.agent.server import TOKEN_ENV, TOKEN_FILE_ENV, serve
     from tempering.sandbox.service import read_token
 
     token = read_token(args.token_file, TOKEN_ENV, TOKEN_FILE_ENV)

@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tempering.deploy.monitor import AlertRule, JsonLog, Metrics
+from tempering.agent.monitor import AlertRule, JsonLog, Metrics
 
 
 def test_a_burst_of_failures_fires_once():

@@ -2,7 +2,7 @@
 
 import pytest
 
-from tempering.deploy.failures import classify
+from tempering.agent.failures import classify
 from tempering.envs.code import split_examples, with_examples
 from tempering.rewards.guards import detect
 from tempering.types import Task, TestCase, Trajectory

@@ -13,8 +13,8 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tempering.deploy.agent import RepairSettings, repair
-from tempering.deploy.backends import HTTPChat, LocalChat
+from tempering.agent.backends import HTTPChat, LocalChat
+from tempering.agent.repair import RepairSettings, repair
 from tempering.envs import EnvContext
 from tempering.errors import TemperingError
 from tempering.models.loading import load_model, load_tokenizer

@@ -6,11 +6,11 @@ import sys
 
 import pytest
 
+from tempering.agent.backends import Completion
+from tempering.agent.monitor import JsonLog
+from tempering.agent.repair import repair
 from tempering.data import load_tasks
 from tempering.data.from_logs import build_tasks, read_records
-from tempering.deploy.agent import repair
-from tempering.deploy.backends import Completion
-from tempering.deploy.monitor import JsonLog
 from tempering.envs import EnvContext
 from tempering.errors import TaskFileError
 from tempering.types import Task, TestCase

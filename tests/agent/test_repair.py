@@ -5,9 +5,9 @@ import json
 
 import torch
 
-from tempering.deploy.agent import ATTEMPT_FIELDS, RepairSettings, repair
-from tempering.deploy.backends import Completion, LocalChat
-from tempering.deploy.monitor import AlertRule, JsonLog, Metrics
+from tempering.agent.backends import Completion, LocalChat
+from tempering.agent.monitor import AlertRule, JsonLog, Metrics
+from tempering.agent.repair import ATTEMPT_FIELDS, RepairSettings, repair
 from tempering.envs import EnvContext
 from tempering.rollout.chat import chat_format
 from tempering.rollout.engine import LocalEngine, SamplingParams

@@ -36,8 +36,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ConfigDict, Field
 
-from tempering.deploy.backends import Completion, LocalChat
-from tempering.deploy.monitor import AlertRule, JsonLog, Metrics
+from tempering.agent.backends import Completion, LocalChat
+from tempering.agent.monitor import AlertRule, JsonLog, Metrics
 from tempering.errors import TemperingError
 
 TOKEN_ENV, TOKEN_FILE_ENV = "TEMPERING_SERVE_TOKEN", "TEMPERING_SERVE_TOKEN_FILE"

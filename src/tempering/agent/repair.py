@@ -18,9 +18,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field, replace
 
-from tempering.deploy.backends import ChatBackend
-from tempering.deploy.failures import FAILURE_CLASSES, classify
-from tempering.deploy.monitor import AlertRule, JsonLog, Metrics
+from tempering.agent.backends import ChatBackend
+from tempering.agent.failures import FAILURE_CLASSES, classify
+from tempering.agent.monitor import AlertRule, JsonLog, Metrics
 from tempering.envs import EnvContext
 from tempering.envs.code import CodeEnv, program_of
 from tempering.types import Task
