@@ -39,7 +39,8 @@ class LoraSection(Section):
 
 class ModelSection(Section):
     path: str | None = None
-    """Local Hugging Face causal-LM directory; unset = `name`, or build the tiny default model and tokenizer."""
+    """Local Hugging Face causal-LM directory, or a checkpoint or run directory (its newest model); unset =
+    `name`, or build the tiny default model and tokenizer."""
     name: str | None = None
     """A model of the registry (`tempering models list`, e.g. smollm2-135m-instruct), prepared into the cache
     on first use (`tempering models prepare NAME`)."""

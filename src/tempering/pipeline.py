@@ -19,6 +19,7 @@ from typing import Any
 
 from rich.console import Console
 
+from tempering.checkpoint import model_dir_of
 from tempering.config import RunConfig
 from tempering.envs import env_context, make_env
 from tempering.envs.tools import tool_declarations
@@ -50,8 +51,8 @@ def base_model_dir(ws: Workspace, sandbox: Sandbox | None = None) -> Path:
     """The starting model: `model.path`, a registry model (`model.name`, prepared once into the cache), or
     the tiny default built (once) into RUN_DIR/base."""
     cfg = ws.cfg
-    if cfg.model.path:
-        return Path(cfg.model.path)
+    if cfg.model.path:  # a model directory, or a checkpoint or run directory (its newest model)
+        return model_dir_of(Path(cfg.model.path))
     if cfg.model.name:
         return prepare_model(cfg.model.name, log=ws.log)
     base = ws.run_dir / "base"

@@ -19,6 +19,7 @@ import torch
 from rich.console import Console
 
 from tempering import config_history
+from tempering.checkpoint import model_dir_of
 from tempering.config import RunConfig
 from tempering.data import MixtureSampler, generate_tasks, load_tasks, save_tasks, split_stages
 from tempering.envs import env_context
@@ -75,7 +76,7 @@ def prepare(cfg: RunConfig, console: Console | None = None, allow_config_change:
         raise ConfigError(f"run.dir '{run_dir}' exists and is not a directory")
     change = config_history.check_resume(run_dir, cfg, allow_config_change)
     if cfg.model.path:
-        check_model_dir(cfg.model.path)
+        check_model_dir(model_dir_of(Path(cfg.model.path)))
     cfg.run.device = resolve_device(cfg.run.device)
     check_sandbox_url(cfg)
     _check_outside_inputs(cfg)

@@ -50,6 +50,8 @@ class _Entry:
     failing: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     reference: str | None = None
+    examples: list[TestCase] = field(default_factory=list)
+    """The visible examples of the prompt (agent logs): the feedback and the hard-coding guard use them."""
     records: int = 0
 
     def add_test(self, test: TestCase) -> None:
@@ -100,6 +102,7 @@ def collect(records: list[tuple[str, dict]]) -> dict[tuple[str, str | None], _En
                 for t in task.tests:
                     e.add_test(t)
                 e.reference = e.reference or task.reference_solution
+                e.examples = e.examples or task.examples
                 if r.get("class") == "passed":
                     e.reference = e.reference or r["program"]
                 else:
@@ -153,7 +156,7 @@ def build_tasks(records: list[tuple[str, dict]], sandbox) -> LogTasks:
                                          sort_keys=True, default=str).encode()).hexdigest()[:12]
         failing = list(dict.fromkeys(e.failing))
         task = Task(id=f"logs-{digest}", domain=e.domain, prompt=e.prompt, entry_point=e.entry_point, tests=tests,
-                    reference_solution=e.reference,
+                    examples=e.examples, reference_solution=e.reference,
                     metadata={"source": "logs", "failing_programs": failing[:5],
                               "errors": list(dict.fromkeys(x for x in e.errors if x))[:5]})
         candidates.append((task, failing))
