@@ -23,8 +23,8 @@ import openai
 
 from tempering.agent.commands import run_settings
 from tempering.data import load_tasks
-from tempering.envs.code import CodeEnv, program_of
 from tempering.envs.base import EnvContext
+from tempering.envs.code import CodeEnv, program_of
 from tempering.sandbox import LocalSandbox
 
 

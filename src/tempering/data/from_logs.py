@@ -149,7 +149,7 @@ def build_tasks(records: list[tuple[str, dict]], sandbox) -> LogTasks:
             dropped["no test derivable (no expected output, input or tests)"] += 1
             continue
         if not e.failing:
-            dropped["no failing program logged"] += 1
+            dropped["no failing program logged (solved first time)"] += 1
             continue
         tests = [t.model_copy(update={"name": t.name or f"test_{i}"}) for i, t in enumerate(e.tests.values())]
         digest = hashlib.sha1(json.dumps([e.prompt, e.entry_point, [t.model_dump() for t in tests]],
