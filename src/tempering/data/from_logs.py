@@ -52,7 +52,6 @@ class _Entry:
     reference: str | None = None
     examples: list[TestCase] = field(default_factory=list)
     """The visible examples of the prompt (agent logs): the feedback and the hard-coding guard use them."""
-    records: int = 0
 
     def add_test(self, test: TestCase) -> None:
         self.tests.setdefault(test.model_dump_json(exclude={"name"}), test)
@@ -98,7 +97,6 @@ def collect(records: list[tuple[str, dict]]) -> dict[tuple[str, str | None], _En
             if r.get("event") == "attempt":
                 task = Task.model_validate(r["task"])
                 e = entry(task.prompt, task.entry_point, task.domain)
-                e.records += 1
                 for t in task.tests:
                     e.add_test(t)
                 e.reference = e.reference or task.reference_solution
@@ -108,10 +106,8 @@ def collect(records: list[tuple[str, dict]]) -> dict[tuple[str, str | None], _En
                 else:
                     e.failing.append(r["program"])
                     e.errors.append(r.get("message") or r.get("class") or "")
-            elif r.get("event") is None:
+            elif r.get("event") is None:  # (the server's request log and other events carry no task)
                 _user_record(r, entry)
-            else:
-                continue  # the server's request log and other events carry no task
         except (KeyError, TypeError, ValueError, ValidationError) as ex:
             why = f"missing field {ex}" if isinstance(ex, KeyError) else str(ex).splitlines()[0]
             raise TaskFileError(f"{where}: not an agent attempt or an error record ({why})") from None
@@ -123,7 +119,6 @@ def _user_record(r: dict[str, Any], entry) -> None:
     if not isinstance(prompt, str) or not isinstance(code, str):
         raise ValueError("'prompt' and 'code' must be strings")
     e = entry(prompt, r.get("entry_point"), r.get("domain", "logs"))
-    e.records += 1
     for t in r.get("tests") or []:
         e.add_test(TestCase.model_validate(t))
     if "expected" in r:
