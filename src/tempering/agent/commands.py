@@ -79,10 +79,11 @@ def cmd_repair(args: argparse.Namespace) -> int:
     tasks = _tasks(args)
     metrics = Metrics()
     alert = _alert(args, metrics)
-    settings = {} if is_url(args.model) else run_settings(args.model)
+    settings = {}  # a URL's run is unknown: --feedback-chars and --instruction say what it was trained with
     if is_url(args.model):
         backend = HTTPChat(args.model, model=args.model_name, concurrency=args.concurrency)
     else:
+        settings = run_settings(args.model)
         torch.set_num_threads(args.threads)
         backend = load_local(args.model, device=args.device, chat=args.chat_format or settings.get("chat_format", "auto"),
                              max_context=args.max_context or settings.get("max_context"))
