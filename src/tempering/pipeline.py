@@ -19,7 +19,7 @@ from typing import Any
 
 from rich.console import Console
 
-from tempering.checkpoint import model_dir_of
+from tempering.checkpoint import resolve_model
 from tempering.config import RunConfig
 from tempering.envs import env_context, make_env
 from tempering.envs.tools import tool_declarations
@@ -32,6 +32,7 @@ from tempering.models.loading import (
     num_parameters,
     save_model,
 )
+from tempering.models.lora import is_adapter_dir
 from tempering.models.registry import prepare as prepare_model
 from tempering.models.tokenizer import train_tokenizer
 from tempering.rollout.chat import chat_format
@@ -42,7 +43,7 @@ from tempering.summary import print_summary, write_summary
 from tempering.tracking import Tracker
 from tempering.training.sft import encode_transcript, run_sft
 from tempering.training.transcripts import transcript_text
-from tempering.workspace import Workspace, make_sandbox, prepare, write_json
+from tempering.workspace import START_RECORD, Workspace, make_sandbox, prepare, recorded_start, write_json
 
 # ----------------------------------------------------------------------------------------- stages
 
@@ -52,7 +53,7 @@ def base_model_dir(ws: Workspace, sandbox: Sandbox | None = None) -> Path:
     the tiny default built (once) into RUN_DIR/base."""
     cfg = ws.cfg
     if cfg.model.path:  # a model directory, or a checkpoint or run directory (its newest model)
-        return model_dir_of(Path(cfg.model.path))
+        return start_model(ws)
     if cfg.model.name:
         return prepare_model(cfg.model.name, log=ws.log)
     base = ws.run_dir / "base"
@@ -73,6 +74,28 @@ def base_model_dir(ws: Workspace, sandbox: Sandbox | None = None) -> Path:
         os.replace(tmp, base)
         ws.log(f"built tiny model: {num_parameters(model) / 1e6:.2f}M parameters, vocabulary {len(tokenizer)}")
     return base
+
+
+def start_model(ws: Workspace) -> Path:
+    """`model.path`, resolved once when the run begins and recorded in RUN_DIR/start.json: a run or
+    checkpoint directory names its newest model at that moment, and a resumed run keeps that one (its KL
+    reference and its evaluation before RL must not move when the other run goes on). A LoRA adapter
+    directory (continuing a LoRA run) is merged into its base once, into RUN_DIR/start: this run's own
+    adapters then have a plain model as their base, which its checkpoints, export and serve can load."""
+    if (recorded := recorded_start(ws.run_dir, ws.cfg.model.path)) is not None:
+        return recorded
+    path = resolve_model(ws.cfg.model.path)
+    if is_adapter_dir(path):
+        merged = ws.run_dir / "start"
+        tmp = ws.run_dir / "start.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        save_model(load_model(path, dtype=ws.cfg.model.dtype), load_tokenizer(path), tmp)
+        shutil.rmtree(merged, ignore_errors=True)
+        os.replace(tmp, merged)
+        ws.log(f"start model: the adapters of {path} merged into their base, saved as {merged}")
+        path = merged
+    write_json(ws.run_dir / START_RECORD, {"model.path": ws.cfg.model.path, "resolved": str(path.resolve())})
+    return path.resolve()
 
 
 def sft_stage(ws: Workspace, start: Path, sandbox: Sandbox | None = None) -> Path:

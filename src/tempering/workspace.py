@@ -19,7 +19,7 @@ import torch
 from rich.console import Console
 
 from tempering import config_history
-from tempering.checkpoint import model_dir_of
+from tempering.checkpoint import resolve_model
 from tempering.config import RunConfig
 from tempering.data import MixtureSampler, generate_tasks, load_tasks, save_tasks, split_stages
 from tempering.envs import env_context
@@ -75,8 +75,8 @@ def prepare(cfg: RunConfig, console: Console | None = None, allow_config_change:
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(f"run.dir '{run_dir}' exists and is not a directory")
     change = config_history.check_resume(run_dir, cfg, allow_config_change)
-    if cfg.model.path:
-        check_model_dir(model_dir_of(Path(cfg.model.path)))
+    if cfg.model.path:  # the start model this run recorded when it began, else what the path names now
+        check_model_dir(recorded_start(run_dir, cfg.model.path) or resolve_model(cfg.model.path))
     cfg.run.device = resolve_device(cfg.run.device)
     check_sandbox_url(cfg)
     _check_outside_inputs(cfg)
@@ -115,6 +115,17 @@ def prepare(cfg: RunConfig, console: Console | None = None, allow_config_change:
         save_tasks(train, data_dir / "train.jsonl")
         save_tasks(heldout, data_dir / "heldout.jsonl")
     return Workspace(cfg, run_dir, train, heldout, sft, rl, console, allow_config_change=allow_config_change)
+
+
+START_RECORD = "start.json"
+
+
+def recorded_start(run_dir: Path, model_path: str) -> Path | None:
+    """The start model a run resolved `model_path` to when it began (RUN_DIR/start.json), if it did (and
+    `model.path` is still the one it resolved)."""
+    path = run_dir / START_RECORD
+    record = json.loads(path.read_text()) if path.is_file() else {}
+    return Path(record["resolved"]) if record.get("model.path") == model_path else None
 
 
 def builtin_tasks(cfg: RunConfig) -> tuple[list[Task], list[Task]]:

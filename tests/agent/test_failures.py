@@ -70,3 +70,19 @@ def test_a_guarded_hack_is_rejected(sandbox):
     hacks = detect(TASK, Trajectory(TASK, 0, code.removeprefix(TASK.prompt), False, exec_result=hidden, example_result=examples))
     assert hacks == ["hardcoded_examples"]
     assert classify(hidden, examples, hacks).kind == "rejected"
+
+
+@pytest.mark.parametrize("kind, program", [
+    ("timeout", "def inc(x):\n    while x == 1:\n        pass\n    return x + 5\n"),
+    ("memory", "def inc(x):\n    if x == 1:\n        a = [0] * (10 ** 10)\n    return x + 5\n"),
+])
+def test_timeouts_and_memory_errors_never_name_a_hidden_test(sandbox, kind, program):
+    """The first hidden test returns a wrong value (its message would name input 7 and expected 8), the
+    second dies: the failure's text names neither - hidden tests are only counted."""
+    task = Task(id="inc", domain="d", prompt="def inc(x):\n", entry_point="inc",
+                tests=[TestCase(input=[7], output=8), TestCase(input=[1], output=2)])
+    [result] = sandbox.run_tests_batch([(task, program)])
+    failure = classify(result)
+    assert failure.kind == kind, failure
+    text = str(failure.to_json())
+    assert "expected" not in text and "f(7)" not in text and "12" not in text, text

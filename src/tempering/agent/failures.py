@@ -22,7 +22,7 @@ import re
 from dataclasses import asdict, dataclass, field
 
 from tempering.envs.base import clip_middle
-from tempering.envs.code import last_line
+from tempering.envs.code import last_line, shareable_errors
 from tempering.types import ExecResult
 
 FAILURE_CLASSES = ("rejected", "passed", "syntax_error", "timeout", "memory", "output_limit", "runtime_error",
@@ -61,9 +61,10 @@ def classify(hidden: ExecResult, examples: ExecResult | None = None, hacks: list
     shown = [t for t in (examples.tests if examples else []) if not t.passed]
     counts = {"hidden_failed": len(failed), "hidden_total": len(hidden.tests)}
     visible = [_one_line(t.error or "failed") for t in shown]
-    errors = [t.error or "" for t in failed + shown]
+    errors = [t.error or "" for t in failed + shown]  # for deciding the class; only `safe` is ever shown
+    safe = shareable_errors(failed) + [last_line(t.error) for t in shown if t.error]
     stderr = clip_middle(hidden.stderr.strip(), traceback_chars) if hidden.status != "ok" else ""
-    died = _first_exception(hidden.stderr) or next((last_line(e) for e in errors if e), "")
+    died = _first_exception(hidden.stderr) or next((e for e in safe if e), "")
 
     def failure(kind: str, message: str) -> Failure:
         return Failure(kind, message, stderr, visible, **counts)
@@ -83,7 +84,7 @@ def classify(hidden: ExecResult, examples: ExecResult | None = None, hacks: list
         return failure("output_limit", "the program wrote more output than allowed")
     if status in ("sandbox_error", "killed") and not any(_EXCEPTION.match(last_line(e)) for e in errors):
         return failure("sandbox_error", died or status)
-    raised = [last_line(e) for e in errors if _EXCEPTION.match(last_line(e))]
+    raised = [e for e in safe if _EXCEPTION.match(e)]
     if status == "runtime_error" or raised:
         # Died at import: the traceback's own exception (the harness may add one after it); else a test's.
         message = died if status == "runtime_error" and died else raised[0] if raised else died

@@ -310,15 +310,20 @@ def create_app(chat: LocalChat, *, token: str | None = None, log_path: str | Non
     return Guard(app, token, max_request_bytes)
 
 
-def serve(chat: LocalChat, host: str = "127.0.0.1", port: int = 8000, *, token: str | None = None,
-          log_path: str | None = None, alert: AlertRule | None = None, max_batch: int = 32) -> None:
-    """Serve until interrupted. Refuses a non-loopback address without a token."""
-    import uvicorn
-
+def check_exposure(host: str, token: str | None) -> None:
+    """A non-loopback address needs a token (checked before anything is loaded)."""
     from tempering.sandbox.service import MIN_TOKEN_CHARS, is_loopback
 
     if token is None and not is_loopback(host):
         raise TemperingError(f"refusing to serve on {host} without a token: set ${TOKEN_ENV} (or --token-file) to a "
                              f"secret of at least {MIN_TOKEN_CHARS} characters and give it to clients as their API key")
+
+
+def serve(chat: LocalChat, host: str = "127.0.0.1", port: int = 8000, *, token: str | None = None,
+          log_path: str | None = None, alert: AlertRule | None = None, max_batch: int = 32) -> None:
+    """Serve until interrupted. Refuses a non-loopback address without a token."""
+    import uvicorn
+
+    check_exposure(host, token)
     app = create_app(chat, token=token, log_path=log_path, alert=alert, max_batch=max_batch)
     uvicorn.run(app, host=host, port=port, log_level="warning", timeout_keep_alive=30)

@@ -21,8 +21,11 @@ from tempering.checkpoint.local import (
     cpu_copy,
     find_latest,
     model_dir_of,
+    outside_names,
+    owner_config,
     prune,
     require,
+    resolve_model,
     retained,
     rng_state,
     save_checkpoint,
@@ -37,6 +40,6 @@ from tempering.checkpoint.saver import Saver, resume_point
 
 __all__ = [
     "LATEST", "MANIFEST", "Checkpoint", "RemoteStore", "Saver", "Snapshot", "checkpoint_name", "cpu_copy", "find_latest",
-    "model_dir_of", "prune", "require", "resume_point", "retained", "rng_state", "save_checkpoint", "set_rng_state", "snapshot",
-    "verify", "write_manifest", "write_snapshot",
+    "model_dir_of", "outside_names", "owner_config", "prune", "require", "resolve_model", "resume_point", "retained",
+    "rng_state", "save_checkpoint", "set_rng_state", "snapshot", "verify", "write_manifest", "write_snapshot",
 ]

@@ -57,6 +57,8 @@ def verify(directory: Path) -> str | None:
         files = json.loads(manifest_path.read_text())["files"]
     except (ValueError, KeyError):
         return "MANIFEST.json is unreadable"
+    if bad := outside_names(files):
+        return f"MANIFEST.json names '{bad[0]}', outside the checkpoint directory"
     for rel, meta in files.items():
         path = directory / rel
         if not path.is_file():
@@ -66,6 +68,17 @@ def verify(directory: Path) -> str | None:
         if _sha256(path) != meta["sha256"]:
             return f"'{rel}' does not match its checksum"
     return None
+
+
+def outside_names(names) -> list[str]:
+    """The manifest entries that would not stay inside the checkpoint directory (absolute, `..`, empty):
+    a manifest from object storage is input, and must not make a download write anywhere else."""
+    bad = []
+    for rel in names:
+        parts = Path(rel).parts if isinstance(rel, str) else ()
+        if not parts or Path(rel).is_absolute() or ".." in parts or "\\" in rel:
+            bad.append(str(rel))
+    return bad
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -269,3 +282,32 @@ def model_dir_of(path: Path) -> Path:
         if latest:
             return latest.model_dir
     return path
+
+
+def resolve_model(spec: str | Path) -> Path:
+    """The model directory a command's MODEL argument names - the same forms everywhere (`train`'s
+    model.path, `eval`, `export`, `serve`, `repair`): a registry name (prepared once into the cache), a
+    model or LoRA adapter directory, a checkpoint directory (its model/), or a run directory (its newest
+    checkpoint's model/). A path that is none of these is a ModelLoadError naming it."""
+    from tempering.models.loading import check_model_dir
+    from tempering.models.registry import MODELS, prepare
+
+    if str(spec) in MODELS and not Path(spec).exists():
+        return prepare(str(spec))
+    return check_model_dir(model_dir_of(Path(spec)))
+
+
+def owner_config(model_dir: Path) -> Path | None:
+    """The config.yaml of the run or checkpoint that `model_dir` is, or whose model it is (CKPT/model,
+    RUN/sft/model, RUN/base, RUN/start); None for anything else: a config.yaml that merely lies nearby (a
+    parent directory, the working directory) belongs to something else and is never read."""
+    path = Path(model_dir).resolve()
+    for owner, rel in ((path, None), (path.parent, "model"), (path.parent, "base"), (path.parent, "start"),
+                       (path.parent.parent, "sft/model")):
+        if rel is not None and path != owner / rel:
+            continue
+        is_checkpoint = (owner / MANIFEST).is_file()
+        is_run = (owner / "checkpoints").is_dir() or (owner / "data" / "heldout.jsonl").is_file()
+        if (is_checkpoint or is_run) and (owner / "config.yaml").is_file():
+            return owner / "config.yaml"
+    return None

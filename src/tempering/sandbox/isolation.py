@@ -23,7 +23,6 @@ launcher is one more interpreter start), paid once per worker; each execution is
 from __future__ import annotations
 
 import functools
-import itertools
 import json
 import os
 import select
@@ -33,15 +32,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tempering.errors import SandboxError
+from tempering.sandbox.uids import WorkerIds, lease_worker_ids
 
 WORKER_SCRIPT = Path(__file__).with_name("_worker.py")
 LAUNCH_SOURCE = Path(__file__).with_name("_launch.py").read_text()
 WORKER_BOOT = ("import os; f = os.fdopen({fd}, 'rb'); source = f.read(); f.close(); "
                "exec(compile(source, 'tempering-sandbox-worker', 'exec'), {{'__name__': '__main__'}})")
 BACKENDS = ("auto", "bwrap", "process")
-# Host uids when the host is root: each worker a pair (server, program), so a fork bomb in one worker
-# cannot starve another and no program shares a uid with any server.
-WORKER_UID_BASE, WORKER_UID_SPAN = 61000, 4000
+# Host uids when the host is root: each worker a pair (server, program) leased host-wide (`uids.py`), so
+# a fork bomb in one worker cannot starve another and no program shares a uid with any server.
 PROGRAM_ID = 1  # the program's uid and gid inside a split worker's user namespace (the server is 0)
 # What the fork server keeps, inside its user namespace: switching a child to the program uid, killing
 # what an execution left behind, and creating / wiping the program's scratch directory.
@@ -52,15 +51,6 @@ SERVER_CAPS = {"CAP_CHOWN": 0, "CAP_DAC_OVERRIDE": 1, "CAP_FOWNER": 3, "CAP_KILL
 WORKER_ENV = {"PYTHONHASHSEED": "0"}
 SCRATCH = "/tmp"  # where the scratch tmpfs is mounted, in the worker's mount namespace
 HANDSHAKE_TIMEOUT_S = 20.0
-_uid_counter = itertools.count()
-
-
-@dataclass(frozen=True)
-class WorkerIds:
-    """Host uids (equal to the gids) of one worker."""
-
-    server: int
-    program: int
 
 
 @dataclass(frozen=True)
@@ -231,18 +221,9 @@ def map_ids(pid: int, ids: WorkerIds) -> None:
             f.write(mapping)
 
 
-def next_worker_ids() -> WorkerIds | None:
-    """A dedicated pair of host uids for a new worker when running as root; None (keep ours) otherwise."""
-    if os.geteuid() != 0:
-        return None
-    n = (os.getpid() * 16 + next(_uid_counter)) % (WORKER_UID_SPAN // 2)
-    return WorkerIds(WORKER_UID_BASE + 2 * n, WORKER_UID_BASE + 2 * n + 1)
-
-
 def _trial(iso: Isolation) -> str | None:
     """None if a trivial worker of this kind starts here, else why not."""
-    ids = WorkerIds(WORKER_UID_BASE + WORKER_UID_SPAN, WORKER_UID_BASE + WORKER_UID_SPAN + 1) \
-        if os.geteuid() == 0 else None
+    ids = lease_worker_ids()
     try:
         proc = iso.start(ids, [iso.python, "-c", "pass"], stderr=subprocess.PIPE)
         try:
@@ -253,6 +234,9 @@ def _trial(iso: Isolation) -> str | None:
             return "a trial worker did not finish in 20 s"
     except OSError as e:
         return f"failed to start ({e})"
+    finally:
+        if ids is not None:
+            ids.release()
     if proc.returncode != 0:
         return err.decode(errors="replace").strip()[:300] or f"exit code {proc.returncode}"
     return None

@@ -25,7 +25,8 @@ from typing import Any
 from tempering.errors import SandboxError
 from tempering.sandbox.execution import LANGUAGES, ExecRequest, SandboxLimits, to_result
 from tempering.sandbox.grading import grade, test_requests
-from tempering.sandbox.isolation import WORKER_SCRIPT, Isolation, Protection, next_worker_ids, resolve
+from tempering.sandbox.isolation import WORKER_SCRIPT, Isolation, Protection, resolve
+from tempering.sandbox.uids import kill_uids, lease_worker_ids, pair
 from tempering.types import ExecResult, Task
 
 # How much longer than the execution's own timeout and compile timeout the host waits for a worker before
@@ -58,7 +59,7 @@ class _Worker:
     """One fork-server process and its pipes."""
 
     def __init__(self, isolation: Isolation):
-        self.ids = next_worker_ids()
+        self.ids = lease_worker_ids()
         self.broken = False
         self.errors = tempfile.TemporaryFile()
         boot_r, boot_w = os.pipe()  # the worker's source (see isolation.WORKER_BOOT)
@@ -68,6 +69,8 @@ class _Worker:
         except OSError as e:
             os.close(boot_w)
             self.errors.close()
+            if self.ids is not None:
+                self.ids.release()
             raise SandboxError(f"cannot start a sandbox worker: {e}") from None
         finally:
             os.close(boot_r)
@@ -130,33 +133,11 @@ class _Worker:
                 except ProcessLookupError:
                     pass
                 self.proc.wait()
-        if self.broken and self.ids is not None:
-            _kill_uids({self.ids.server, self.ids.program})
+        if self.ids is not None:
+            if self.broken:
+                kill_uids({self.ids.server, self.ids.program})
+            self.ids.release()  # only now: the pair's processes are gone
         self.errors.close()
-
-
-def _kill_uids(uids: set[int]) -> None:
-    """SIGKILL every process whose real uid is in `uids` (a worker's own uids, used by nothing else)."""
-    for _ in range(20):
-        found = False
-        for name in os.listdir("/proc"):
-            if not name.isdigit():
-                continue
-            try:
-                with open(f"/proc/{name}/status", "rb") as f:
-                    fields = dict(line.split(b":", 1) for line in f if b":" in line)
-                uid, state = int(fields[b"Uid"].split()[0]), fields[b"State"].split()[0]
-            except (OSError, KeyError, ValueError, IndexError):
-                continue
-            if uid in uids and state != b"Z":
-                found = True
-                try:
-                    os.kill(int(name), signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-        if not found:
-            return
-        time.sleep(0.01)
 
 
 def _stopped(pid: int) -> bool:
@@ -286,7 +267,7 @@ class LocalSandbox(Sandbox):
         """What this sandbox's workers are protected by (see `tempering sandbox doctor`)."""
         worker = next(iter(self._idle.queue), None)
         if worker is None:
-            return self.isolation.protections(next_worker_ids())
+            return self.isolation.protections(pair(0) if os.geteuid() == 0 else None)
         return self.isolation.protections(worker.ids, worker.info)
 
     def _start_worker(self) -> _Worker:

@@ -4,7 +4,7 @@ the body of POST /execute, and the caps the service enforces.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from pydantic import BaseModel
@@ -25,7 +25,25 @@ class ServiceLimits:
     client_concurrency: int | None = None
     """Executions of one client running at once; None: as many as there are workers."""
     max_timeout_s: float = 60.0
-    """Cap on a /run_code request's run and compile timeouts."""
+    """Cap on every request's wall-clock, CPU and compile time limits."""
+    max_memory_mb: int = 2048
+    """Cap on every request's memory limit."""
+    max_output_bytes: int = 1 << 20
+    """Cap on every request's output limit (per stream)."""
+    max_file_bytes: int = 64 << 20
+    """Cap on the largest file a request's program may write."""
+    max_processes: int = 64
+    """Cap on a request's processes and threads."""
+
+    def clamp(self, limits: SandboxLimits) -> SandboxLimits:
+        """A client's limits held within the service's: a client cannot ask for an hour or 64 GB."""
+        t = self.max_timeout_s
+        return replace(limits, timeout_s=min(limits.timeout_s, t), cpu_s=min(limits.cpu_s, t),
+                       compile_timeout_s=min(limits.compile_timeout_s, t),
+                       memory_mb=min(limits.memory_mb, self.max_memory_mb),
+                       max_output_bytes=min(limits.max_output_bytes, self.max_output_bytes),
+                       max_file_bytes=min(limits.max_file_bytes, self.max_file_bytes),
+                       max_processes=min(limits.max_processes, self.max_processes))
 
 
 class Batch(BaseModel):
