@@ -97,6 +97,23 @@ def test_sigkill_after_a_checkpoint_then_resume_gives_identical_metrics(smoke_ru
         (smoke_run / "summary.json").read_text())["heldout_pass@1_after"]
 
 
+def versions(run_dir):
+    """step -> the policy versions of its sample rows."""
+    return {int(f.stem.split("_")[1]): {json.loads(line)["policy_version"] for line in f.read_text().splitlines()}
+            for f in sorted((run_dir / "samples").glob("step_*.jsonl"))}
+
+
+@pytest.mark.slow
+def test_every_sample_row_carries_the_policy_version_that_sampled_it(smoke_run, tmp_path):
+    """Step s samples with the weights of the update after step s-1: version s-1 in every row - also in a
+    run killed after a checkpoint and resumed (the engine's version comes back from the checkpoint)."""
+    assert versions(smoke_run) == {s: {s - 1} for s in range(1, 7)}
+    run_dir = tmp_path / "killed"
+    kill_after_checkpoint(run_dir, 4)
+    tempering("train", "configs/smoke.yaml", f"run.dir={run_dir}")
+    assert versions(run_dir) == {s: {s - 1} for s in range(1, 7)}
+
+
 @pytest.mark.slow
 def test_rerunning_a_finished_run_changes_nothing(smoke_run):
     before = (smoke_run / "metrics.jsonl").read_text()

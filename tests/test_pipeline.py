@@ -62,3 +62,25 @@ def test_sandbox_url_is_asked_for_its_health_before_anything_is_written(tmp_path
     finally:
         server.shutdown()
     assert (ws.run_dir / "config.yaml").is_file()
+
+
+def test_the_cached_evaluation_key_covers_every_setting_that_shapes_the_numbers(tmp_path, tasks):
+    """A stored held-out evaluation is reused only for an equal key: each of these changes makes it stale."""
+    from types import SimpleNamespace
+
+    from tempering.pipeline import eval_key
+
+    heldout = tasks[1][:4]
+
+    def key(*overrides, held=heldout):
+        ws = SimpleNamespace(cfg=build_config({}, list(overrides)), run_dir=tmp_path, heldout_tasks=held)
+        return eval_key(ws, tmp_path / "sft" / "model", None)
+
+    base = key()
+    assert key() == base
+    changed = [key("env.options.code_instruction='Write Python.'"), key("env.max_context=512"),
+               key("env.feedback_chars=100"), key("env.chat_format=plain"), key("run.seed=1"),
+               key("sandbox.timeout_s=5"), key("sandbox.memory_mb=512"),
+               key(held=[heldout[0].model_copy(update={"prompt": heldout[0].prompt + " "}), *heldout[1:]])]
+    assert all(k != base for k in changed)
+    assert key("tracking.progress=false") == base  # not a setting of the evaluation

@@ -10,6 +10,7 @@ import pytest
 from PIL import Image
 
 from tempering.cli import main as cli
+from tests.test_e2e import smoke_run  # noqa: F401  (fixture)
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 
@@ -43,6 +44,52 @@ def test_the_report_is_one_self_contained_page(tmp_path, capsys):
     assert "&lt;script&gt;" in page and "lists" in page and "30.0%" in page
     assert cli(["report", str(tmp_path)]) == 2
     assert "is not a run directory" in capsys.readouterr().err
+
+
+def test_every_metric_of_a_panel_is_drawn_overall_first(tmp_path):
+    """A run over 15 domains has 31 reward names: all are drawn, over several figures, reward/mean first."""
+    from tempering.tracking.report import LINES_PER_FIGURE, panel_names
+
+    rows = [{"step": s, "reward/mean": s / 10, **{f"reward/d{i:02d}/mean": i / 15 for i in range(15)},
+             **{f"reward/d{i:02d}/tests/mean": i / 20 for i in range(15)}} for s in range(1, 4)]
+    groups = panel_names(rows, "reward/")
+    assert groups[0][0] == "reward/mean"
+    assert sorted(n for g in groups for n in g) == sorted(k for k in rows[0] if k != "step")
+    assert all(len(g) <= LINES_PER_FIGURE for g in groups) and len(groups) == 4
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert cli(["report", str(run_dir)]) == 0
+    page = (run_dir / "report.html").read_text()
+    assert page.count("data:image/png;base64,") == 4 and 'alt="reward (4 of 4)"' in page
+
+
+def test_a_partial_run_is_reported_without_a_traceback(tmp_path, capsys):
+    """Killed mid-step: the last metrics line is cut short, no summary yet."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "metrics.jsonl").write_text('{"step": 1, "reward/mean": 0.5}\n{"step": 2, "rew')
+    assert cli(["report", str(run_dir)]) == 0
+    assert "1 RL steps recorded" in (run_dir / "report.html").read_text()
+    (run_dir / "summary.json").write_text("{not json")
+    assert cli(["report", str(run_dir)]) == 2
+    assert "summary.json' is not valid JSON" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_the_report_of_a_real_run(smoke_run):
+    """The files the trainer wrote (tests/test_e2e.py's smoke run): every panel, the per-domain table with
+    the summary's own numbers, and a sample completion from the newest samples file."""
+    assert cli(["report", str(smoke_run), "--out", str(smoke_run.parent / "report.html")]) == 0
+    page = (smoke_run.parent / "report.html").read_text()
+    summary = json.loads((smoke_run / "summary.json").read_text())
+    assert page.count("data:image/png;base64,") >= 5
+    for domain, value in summary["per_domain_after"].items():
+        assert f"<td>{domain}</td>" in page and f"{value:.1%}" in page
+    newest = sorted((smoke_run / "samples").glob("step_*.jsonl"))[-1]
+    assert newest.name in page
+    first = json.loads(newest.read_text().splitlines()[0])
+    assert str(first["task_id"]) in page
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium (`make test` installs Debian's chromium)")

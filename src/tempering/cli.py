@@ -55,16 +55,10 @@ def cmd_export(args: argparse.Namespace) -> int:
     into their base."""
     import shutil
 
-    from tempering import checkpoint as ckpt
+    from tempering.checkpoint import resolve_model
     from tempering.models.loading import load_model, load_tokenizer
-    from tempering.models.lora import is_adapter_dir
 
-    source = Path(args.checkpoint)
-    if not source.exists():
-        raise TemperingError(f"checkpoint '{source}' does not exist")
-    model_dir = ckpt.model_dir_of(source)
-    if not ((model_dir / "config.json").is_file() or is_adapter_dir(model_dir)):
-        raise TemperingError(f"'{source}' is not a checkpoint, run directory or model directory")
+    model_dir = resolve_model(args.checkpoint)
     out = Path(args.to)
     if out.exists() and any(out.iterdir()):
         raise TemperingError(f"'{out}' exists and is not empty; export writes a fresh directory")
@@ -85,15 +79,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from tempering import checkpoint as ckpt
+    from tempering.checkpoint import resolve_model
     from tempering.data import load_tasks
     from tempering.envs import EnvContext
     from tempering.eval.evaluate import evaluate
-    from tempering.models.loading import check_model_dir, load_model, load_tokenizer, resolve_device
+    from tempering.models.loading import load_model, load_tokenizer, resolve_device
     from tempering.rollout.engine import LocalEngine, SamplingParams
     from tempering.sandbox import LocalSandbox
 
-    model_dir = check_model_dir(ckpt.model_dir_of(Path(args.model)))
+    model_dir = resolve_model(args.model)
     tasks = load_tasks(args.tasks)[: args.limit]
     try:
         ks = tuple(sorted({int(k) for k in args.k.split(",")}))
@@ -223,13 +217,13 @@ def cmd_report(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from tempering.summary import print_summary
-    from tempering.tracking.report import write_report
+    from tempering.tracking.report import read_summary, write_report
 
     run_dir = Path(args.run_dir)
     if not (run_dir / "metrics.jsonl").is_file() and not (run_dir / "summary.json").is_file():
         raise TemperingError(f"'{run_dir}' is not a run directory (no metrics.jsonl or summary.json)")
-    if (run_dir / "summary.json").is_file():
-        print_summary(Console(), json.loads((run_dir / "summary.json").read_text()))
+    if summary := read_summary(run_dir):  # {} while the run has not finished
+        print_summary(Console(), summary)
     print(f"wrote {write_report(run_dir, Path(args.out) if args.out else None)}")
     return 0
 
@@ -269,7 +263,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(fn=fn)
 
     p = sub.add_parser("eval", help="pass@k of a model or checkpoint on a task file")
-    p.add_argument("model", help="HF model directory, checkpoint directory, or run directory")
+    p.add_argument("model", help="model, checkpoint or run directory (its newest model), or registry name")
     p.add_argument("--tasks", required=True, help="task file (JSONL, Parquet, datasets directory) or a named set: "
                                                   "humaneval, leetcode-easy, leetcode-medium, leetcode-hard")
     p.add_argument("--instruction", help="code tasks: text put before each prompt (env.options.code_instruction)")
@@ -336,7 +330,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_sandbox_bench)
 
     p = sub.add_parser("export", help="write a checkpoint as a plain Hugging Face model directory")
-    p.add_argument("checkpoint", help="checkpoint directory, or a run directory (its newest checkpoint)")
+    p.add_argument("checkpoint", help="checkpoint, run (its newest checkpoint) or model directory, or registry name")
     p.add_argument("--to", required=True, help="output directory (created; must not hold files)")
     p.set_defaults(fn=cmd_export)
 

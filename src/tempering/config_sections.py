@@ -30,8 +30,10 @@ class LoraSection(Section):
     warm-up, when it runs, trains the whole model."""
     alpha: float = Field(16.0, gt=0.0)
     """LoRA scaling numerator: the update is (alpha / r) B A."""
-    dropout: float = Field(0.0, ge=0.0, lt=1.0)
-    """Dropout on the adapters' input."""
+    dropout: float = Field(0.0, ge=0.0, le=0.0)
+    """Dropout on the adapters' input: must be 0. RL updates run with every dropout off, so that the PPO
+    ratio compares the trainer's log-probs with the sampler's under the same distribution (it is exactly 1
+    before the first step); a dropout here would do nothing."""
     target_modules: list[str] | str = "all-linear"
     """Modules that get adapters: names (e.g. [q_proj, v_proj]) or `all-linear` (every linear layer but the
     output head)."""

@@ -10,6 +10,7 @@ config that differs from the one the run directory was made with) is checked bef
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -135,15 +136,20 @@ def sft_stage(ws: Workspace, start: Path, sandbox: Sandbox | None = None) -> Pat
 
 
 def eval_key(ws: Workspace, model_dir: Path, step: int | None) -> dict[str, Any]:
-    """What a held-out evaluation depends on: the model (its directory and, after RL, the checkpoint step)
-    and the settings that shape the numbers. A stored result is reused only when its key is equal."""
+    """What a held-out evaluation depends on: the model (its directory and, after RL, the checkpoint step),
+    the held-out tasks themselves (a digest of their content), and every setting that shapes the numbers -
+    sampling, the environment (instruction, context, feedback, turns, chat format), the seed and the
+    sandbox's limits. A stored result is reused only when its key is equal."""
     cfg = ws.cfg
     model = model_dir.resolve()
     run_dir = ws.run_dir.resolve()
+    tasks = hashlib.sha256("\n".join(t.model_dump_json() for t in ws.heldout_tasks).encode()).hexdigest()
+    s = cfg.sandbox
     return {"model": str(model.relative_to(run_dir)) if model.is_relative_to(run_dir) else str(model),
-            "step": step, "heldout_tasks": len(ws.heldout_tasks), "samples": cfg.eval.samples,
-            "temperature": cfg.eval.temperature, "max_new_tokens": cfg.rollout.max_new_tokens,
-            "max_turns": cfg.env.max_turns}
+            "step": step, "heldout_tasks": len(ws.heldout_tasks), "heldout_sha256": tasks,
+            "samples": cfg.eval.samples, "temperature": cfg.eval.temperature,
+            "max_new_tokens": cfg.rollout.max_new_tokens, "env": cfg.env.model_dump(), "seed": cfg.run.seed,
+            "sandbox_limits": [s.timeout_s, s.cpu_s, s.memory_mb, s.max_output_bytes]}
 
 
 def heldout_eval(ws: Workspace, model_dir: Path, sandbox: Sandbox, name: str,

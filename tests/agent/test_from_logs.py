@@ -94,3 +94,19 @@ def test_a_malformed_log_names_the_file_and_line(tmp_path):
     write(log, [{"prompt": PROMPT, "input": [1, 2, 3]}])
     with pytest.raises(TaskFileError, match=r"bad.jsonl:1: .*missing field 'code'"):
         build_tasks(read_records([log]), sandbox=None)
+
+
+def test_one_input_with_two_expected_values_is_never_written_as_a_test(sandbox, tmp_path):
+    """Without a reference no program can pass a task that expects 2 and 3 of the same call: the two
+    conflicting cases are left out (the task keeps its other tests), and a task left with none is dropped."""
+    records = [user_record(input=[3, 1, 2], expected=2), user_record(input=[3, 1, 2], expected=3),
+               user_record(input=[9, 7, 8], expected=8),
+               {"prompt": "def one(x):\n", "entry_point": "one", "code": "def one(x):\n    return 0\n",
+                "input": [1], "expected": 1},
+               {"prompt": "def one(x):\n", "entry_point": "one", "code": "def one(x):\n    return 0\n",
+                "input": [1], "expected": 2}]
+    built = build_tasks(read_records([write(tmp_path / "errors.jsonl", records)]), sandbox)
+    [task] = built.tasks
+    assert [(t.input, t.output) for t in task.tests] == [([9, 7, 8], 8)]
+    assert sandbox.run_tests_batch([(task, RIGHT)])[0].all_passed  # a right program can pass what is written
+    assert built.dropped == {"one input logged with different expected values, and no reference to decide": 1}

@@ -2,6 +2,8 @@
 the adapters disabled, and `tempering export` merges them into a plain model equal to base + adapter."""
 
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -121,3 +123,47 @@ def test_gradient_checkpointing_changes_memory_not_numbers(lora_run, tiny_model_
         assert got.keys() == want.keys()
         for key in want:
             assert got[key] == pytest.approx(want[key], rel=1e-4, abs=1e-6), key
+
+
+@pytest.mark.slow
+def test_a_lora_run_continues_a_lora_run_then_resumes_exports_and_serves(lora_run, tmp_path):
+    """The production loop: a LoRA run whose start model is another LoRA run (sft.steps 0). Its start is
+    the other run's adapters merged once into RUN/start, recorded in start.json: its checkpoints load
+    (evaluation after RL), it resumes, exports and serves - and its start stays put when the other run
+    goes on."""
+    from tests.agent.test_server import start, stop
+
+    first = tmp_path / "first"
+    shutil.copytree(lora_run, first)
+    run_dir = tmp_path / "second"
+    args = [f"run.dir={run_dir}", f"model.path={first}", *LORA]
+    summary = train(load_config("configs/smoke.yaml", args))
+    assert summary["rl_step_evaluated"] == 2
+    record = json.loads((run_dir / "start.json").read_text())
+    assert Path(record["resolved"]) == (run_dir / "start").resolve() and (run_dir / "start" / "config.json").is_file()
+    adapters = json.loads((run_dir / "checkpoints" / "step_000002" / "model" / "adapter_config.json").read_text())
+    assert adapters["base_model_name_or_path"] == record["resolved"]
+    merged_first = load_model(first / "checkpoints" / "step_000002" / "model").state_dict()
+    for key, value in AutoModelForCausalLM.from_pretrained(run_dir / "start").state_dict().items():
+        torch.testing.assert_close(value, merged_first[key])
+
+    # The first run goes on (a newer checkpoint); the second resumes further from the start it recorded.
+    shutil.copytree(first / "checkpoints" / "step_000002", first / "checkpoints" / "step_000003")
+    before = (run_dir / "eval_before.json").read_text()
+    summary = train(load_config("configs/smoke.yaml", [*args, "train.steps=3"]))
+    assert summary["rl_step_evaluated"] == 3
+    assert json.loads((run_dir / "start.json").read_text()) == record
+    assert (run_dir / "eval_before.json").read_text() == before
+
+    out = tmp_path / "exported"
+    assert cli(["export", str(run_dir), "--to", str(out)]) == 0
+    assert AutoModelForCausalLM.from_pretrained(out).num_parameters() > 0
+    proc, url = start(run_dir)
+    try:
+        import openai
+
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+        reply = client.completions.create(model="tiny", prompt="def add(a, b):\n", max_tokens=4, temperature=0)
+        assert reply.usage.completion_tokens >= 1
+    finally:
+        stop(proc)

@@ -21,7 +21,7 @@ print("printed while preloading")  # must not reach the worker's protocol pipe
 
 @pytest.fixture(scope="module")
 def lib_dir():
-    # Not under /tmp: each bubblewrap worker has its own /tmp. World-readable, writable only by root.
+    # World-readable, writable only by root. (Under /var/tmp; tests below put one under /tmp too.)
     path = Path(tempfile.mkdtemp(prefix="tempering-preload-", dir="/var/tmp"))
     path.chmod(0o755)
     (path / "preloaded_fixture.py").write_text(MODULE)
@@ -52,10 +52,29 @@ def test_a_preloaded_module_is_imported_once_by_the_server_not_by_each_execution
 
 
 def test_the_import_path_is_read_only_inside(sb, lib_dir):
-    code = ("def f(path):\n    try:\n        open(path + '/planted.py', 'w').write('x')\n"
-            "    except OSError as e:\n        return type(e).__name__\n    return 'written'\n")
-    assert call(sb, code, str(lib_dir))["value"] != "'written'"
+    code = ("import os, preloaded_fixture\n"
+            "def f(path):\n    inside = os.path.dirname(preloaded_fixture.__file__)\n    out = []\n"
+            "    for where in (path, inside):\n        try:\n            open(where + '/planted.py', 'w').write('x')\n"
+            "            out.append('written')\n        except OSError as e:\n            out.append(type(e).__name__)\n"
+            "    return out\n")
+    assert "written" not in call(sb, code, str(lib_dir))["value"]
     assert sorted(os.listdir(lib_dir)) == ["broken_fixture.py", "preloaded_fixture.py"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_import_path_under_tmp_is_bound_in_explicitly(backend):
+    """A checkout or venv in the temporary directory: each contained worker mounts its own scratch on
+    /tmp, which would hide the path; it is bound in at a path of its own. Imported lazily by a program
+    (not preloaded), so the program's uid must be able to read it too."""
+    path = Path(tempfile.mkdtemp(prefix="tempering-import-", dir="/tmp"))
+    try:
+        path.chmod(0o755)
+        (path / "lazy_fixture_mod.py").write_text("VALUE = 41 + 1\n")
+        with LocalSandbox(workers=1, isolation=backend, python_path=(str(path),)) as sandbox:
+            r = sandbox.run("import lazy_fixture_mod\nprint(lazy_fixture_mod.VALUE)")
+        assert (r.status, r.stdout) == ("ok", "42\n"), r
+    finally:
+        shutil.rmtree(path)
 
 
 def test_without_the_options_the_module_is_not_importable(lib_dir):

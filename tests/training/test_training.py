@@ -90,3 +90,24 @@ def test_shared_prompt_forward_has_the_gradients_of_the_full_pass(tiny, tasks):
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
     assert grads[0].abs().max() > 0
     torch.testing.assert_close(grads[1], grads[0], atol=1e-4, rtol=1e-3)
+
+
+def test_with_dropout_in_the_model_the_ratio_is_one_before_the_first_step(tiny_model_dir, tasks):
+    """A model whose config has dropout (attention dropout 0.5) and LoRA adapters with dropout 0.5: the
+    sampler's log-probs come from eval mode, so must the update's - else the PPO ratio is not 1 before the
+    first optimizer step and clipping acts on dropout noise. Also with gradient checkpointing."""
+    from tempering.models.loading import load_model, load_tokenizer
+    from tempering.models.lora import add_adapters
+
+    for checkpointing in (False, True):
+        torch.manual_seed(0)
+        model = load_model(tiny_model_dir)
+        model.config.attention_dropout = 0.5
+        for layer in model.model.layers:
+            layer.self_attn.attention_dropout = 0.5
+        model = add_adapters(model, tiny_model_dir, r=4, alpha=8, dropout=0.5, target_modules="all-linear")
+        batch = make_batch(model, load_tokenizer(tiny_model_dir), tasks[0][:4], [1.0, 0.0, 0.0, 1.0] * 2)
+        metrics = update_policy(model, torch.optim.SGD(model.parameters(), lr=0.0), batch, policy_loss=ppo_clip_loss,
+                                generator=torch.Generator().manual_seed(0), gradient_checkpointing=checkpointing)
+        assert metrics["actor/pg_clipfrac"] == 0.0 and abs(metrics["actor/ppo_kl"]) < 1e-6, (checkpointing, metrics)
+        assert model.training  # left as it was found

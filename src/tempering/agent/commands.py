@@ -52,6 +52,8 @@ def run_settings(model_dir: Path) -> dict:
 
 
 def _tasks(args: argparse.Namespace):
+    from pydantic import ValidationError
+
     from tempering.data import load_tasks
     from tempering.types import Task, TestCase
 
@@ -62,12 +64,20 @@ def _tasks(args: argparse.Namespace):
     else:
         if not args.tests:
             raise TemperingError("--prompt needs --tests FILE (a JSON list of test cases)")
-        prompt = Path(args.prompt[1:]).read_text() if args.prompt.startswith("@") else args.prompt
+        prompt = args.prompt
+        if prompt.startswith("@"):
+            try:
+                prompt = Path(prompt[1:]).read_text()
+            except OSError as e:
+                raise TemperingError(f"--prompt '{args.prompt}': cannot read the file ({e.strerror})") from None
         try:
             tests = [TestCase.model_validate(t) for t in json.loads(Path(args.tests).read_text())]
         except (OSError, ValueError) as e:
             raise TemperingError(f"--tests '{args.tests}': {str(e).splitlines()[0]}") from None
-        tasks = [Task(id="prompt", domain="prompt", prompt=prompt, entry_point=args.entry_point, tests=tests)]
+        try:
+            tasks = [Task(id="prompt", domain="prompt", prompt=prompt, entry_point=args.entry_point, tests=tests)]
+        except ValidationError as e:  # e.g. no test at all
+            raise TemperingError(f"--tests '{args.tests}': {e.errors()[0]['msg'].removeprefix('Value error, ')}") from None
     if not tasks:
         raise TemperingError("no tasks to run")
     if bad := [t.id for t in tasks if t.env != "code"]:

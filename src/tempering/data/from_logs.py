@@ -17,7 +17,10 @@ Two kinds of JSONL records are read (a file may mix them):
        "id": "...", "domain": "..."                                                     optional}
 
 Records of the same request (same prompt and entry point) merge into one task: their test cases are
-pooled (each distinct one once) and their failing programs kept; identical tasks are written once. Each
+pooled (each distinct one once) and their failing programs kept; identical tasks are written once. Two
+records that give one input two different expected values cannot both be right: with a reference the
+sandbox check below decides, without one both test cases are left out (and a task left with none is
+dropped, with that reason) - no program could pass such a task. Each
 task is checked in the sandbox before it is written: its reference, when known, passes every test, and
 at least one logged failing program fails one; a task that does not pass these checks is dropped, with
 the reason counted. The result is an evaluation set for `tempering eval` and an RL task file for
@@ -134,6 +137,16 @@ def _user_record(r: dict[str, Any], entry) -> None:
         e.reference = e.reference or r["reference"]
 
 
+def _conflicting(tests: dict[str, TestCase]) -> set[str]:
+    """Keys of the test cases whose input (call arguments or stdin) another case expects something else of."""
+    outcomes: dict[str, set[str]] = {}
+    for key, t in tests.items():
+        outcomes.setdefault(json.dumps([t.input, t.stdin], sort_keys=True, default=str), set()).add(
+            json.dumps([t.output, t.stdout], sort_keys=True, default=str))
+    return {key for key, t in tests.items()
+            if len(outcomes[json.dumps([t.input, t.stdin], sort_keys=True, default=str)]) > 1}
+
+
 def build_tasks(records: list[tuple[str, dict]], sandbox) -> LogTasks:
     """Deduplicated, checked tasks from log records (see the module docstring)."""
     entries = collect(records)
@@ -143,6 +156,11 @@ def build_tasks(records: list[tuple[str, dict]], sandbox) -> LogTasks:
         if not e.tests:
             dropped["no test derivable (no expected output, input or tests)"] += 1
             continue
+        if e.reference is None and (conflicts := _conflicting(e.tests)):
+            e.tests = {k: t for k, t in e.tests.items() if k not in conflicts}
+            if not e.tests:
+                dropped["one input logged with different expected values, and no reference to decide"] += 1
+                continue
         if not e.failing:
             dropped["no failing program logged (solved first time)"] += 1
             continue

@@ -9,9 +9,11 @@ host, only where `isolation.py` found that this works (`Isolation.uid_split`). S
    the host does it and why this exists at all (bubblewrap maps one uid only);
 2. become uid/gid 0 of the namespace (the server uid on the host): the capabilities this gives hold only
    inside the namespace, i.e. over its two uids and what it owns;
-3. make every mount private and mount the scratch tmpfs with both a size and an inode cap (bubblewrap's
-   own `--tmpfs` has no inode option); cap nested user namespaces at zero, so a program cannot get a
-   tmpfs of its own outside these caps;
+3. make every mount private; bind the import paths read-only at their views (a small tmpfs on
+   `imports_root` holds the mount points) while the host's /tmp is still visible - an import path may lie
+   under it - then mount the scratch tmpfs with both a size and an inode cap (bubblewrap's own `--tmpfs`
+   has no inode option); cap nested user namespaces at zero, so a program cannot get a tmpfs of its own
+   outside these caps;
 4. for the process backend, keep only the server's capabilities in the bounding set (so the exec'd
    worker gets exactly those) and die with the parent; then set no_new_privs and exec `argv`.
 """
@@ -23,7 +25,7 @@ import signal
 import sys
 
 CLONE_NEWNS, CLONE_NEWUSER = 0x00020000, 0x10000000
-MS_NOSUID, MS_NODEV, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x4000, 1 << 18
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 0x1, 0x2, 0x4, 0x20, 0x1000, 0x4000, 1 << 18
 PR_SET_PDEATHSIG, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 1, 24, 38
 CAP_LAST = 63  # PR_CAPBSET_DROP of a capability the kernel does not know fails with EINVAL: ignored
 
@@ -36,6 +38,22 @@ def fail(what):
 def check(result, what):
     if result != 0:
         fail(f"{what}: {os.strerror(ctypes.get_errno())}")
+
+
+def bind_imports(libc, root, imports):
+    """Each import path [source, view] bound read-only at its view, under a tmpfs on `root`."""
+    if not imports:
+        return
+    check(libc.mount(b"tmpfs", root.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, b"size=64k,mode=0755"),
+          f"cannot mount a tmpfs on {root}")
+    for source, view in imports:
+        os.mkdir(view, 0o755)
+        check(libc.mount(source.encode(), view.encode(), None, MS_BIND | MS_REC, None), f"cannot bind {source}")
+        flags = MS_BIND | MS_REMOUNT | MS_RDONLY
+        if libc.mount(None, view.encode(), None, flags | MS_NOSUID | MS_NODEV, None) != 0:
+            # A mount's locked flags (from the host) must be kept on a remount: take the source's own.
+            kept = os.statvfs(source).f_flag & 0xC0F  # ST_NOSUID/NODEV/NOEXEC/NOATIME/NODIRATIME = the MS_ bits
+            check(libc.mount(None, view.encode(), None, flags | kept, None), f"cannot make {view} read-only")
 
 
 def main():
@@ -51,6 +69,7 @@ def main():
     if os.getresuid() != (0, 0, 0):
         fail("could not become the namespace's server uid")
     check(libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "cannot make mounts private")
+    bind_imports(libc, config.get("imports_root"), config.get("imports") or [])
     options = f"size={int(config['scratch_mb'])}m,nr_inodes={int(config['scratch_inodes'])},mode=1777"
     check(libc.mount(b"tmpfs", config["scratch"].encode(), b"tmpfs", MS_NOSUID | MS_NODEV, options.encode()),
           f"cannot mount the scratch tmpfs on {config['scratch']}")

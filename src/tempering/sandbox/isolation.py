@@ -3,7 +3,8 @@
 A worker is one long-lived fork server (`_worker.py`). Under bubblewrap it is PID 1 of fresh PID, network,
 IPC, UTS and cgroup namespaces, with a read-only view of /usr (and nothing else of the host's
 filesystem), a size- and inode-limited tmpfs for scratch, and it dies with its parent. A pool may add
-read-only import paths (`python_path`, bound at the same path inside and put first on the worker's
+read-only import paths (`python_path`, bound read-only at `IMPORTS/<i>` inside - not at their own path,
+which may lie under /tmp, where each worker mounts its scratch area - and put first on the worker's
 sys.path) and modules the fork server imports once before it forks (`preload`): what a verifier running
 in the sandbox needs, e.g. reasoning-gym's (`envs/gym.py`).
 
@@ -50,6 +51,7 @@ SERVER_CAPS = {"CAP_CHOWN": 0, "CAP_DAC_OVERRIDE": 1, "CAP_FOWNER": 3, "CAP_KILL
 # on every worker of every backend, and across resumed runs.
 WORKER_ENV = {"PYTHONHASHSEED": "0"}
 SCRATCH = "/tmp"  # where the scratch tmpfs is mounted, in the worker's mount namespace
+IMPORTS = "/run/tempering-imports"  # where a contained worker sees its import paths (IMPORTS/0, IMPORTS/1, ...)
 HANDSHAKE_TIMEOUT_S = 20.0
 
 
@@ -77,11 +79,18 @@ class Isolation:
     preload: tuple[str, ...] = ()
     """Modules the fork server imports once, before it forks any execution."""
 
+    def import_views(self) -> list[str]:
+        """Where the worker sees each of `python_path`: the path itself for a plain process; IMPORTS/<i>
+        when its /tmp is its own scratch (bubblewrap or the two-uid launcher), which would hide a path
+        under /tmp (a checkout or virtual environment in the temporary directory)."""
+        contained = self.uid_split or self.backend == "bwrap"
+        return [f"{IMPORTS}/{i}" if contained else path for i, path in enumerate(self.python_path)]
+
     def worker_config(self) -> dict:
         """What the fork server is told on its command line (`_worker.main`)."""
         return {"scratch": SCRATCH if self.uid_split or self.backend == "bwrap" else None,  # None: a temp dir
                 "program_id": PROGRAM_ID if self.uid_split else None,
-                "path": list(self.python_path), "preload": list(self.preload)}
+                "path": self.import_views(), "preload": list(self.preload)}
 
     def worker_argv(self, boot_fd: int) -> list[str]:
         """The fork server's own command line; its source comes on the inherited pipe `boot_fd`
@@ -91,12 +100,16 @@ class Isolation:
     def command(self, ids: WorkerIds | None, inner: list[str]) -> tuple[list[str], dict]:
         """argv and Popen keyword arguments that run `inner` as a worker with the uids `ids`."""
         bw = self.backend == "bwrap"
-        if bw:
-            inner = [self.bwrap, *bwrap_args(self.scratch_mb, self.python_path, split=self.uid_split), "--", *inner]
+        views = self.import_views()
+        if bw:  # a split worker's launcher has bound the import paths at their views already: bind those
+            binds = list(zip(views if self.uid_split else self.python_path, views))
+            inner = [self.bwrap, *bwrap_args(self.scratch_mb, binds, split=self.uid_split), "--", *inner]
         if self.uid_split:  # started as root: the launcher maps the uids, see _launch.py
+            os.makedirs(IMPORTS, mode=0o755, exist_ok=True)  # the launcher's mount point (in its own namespace)
             config = {"scratch": SCRATCH, "scratch_mb": self.scratch_mb, "scratch_inodes": self.scratch_inodes,
                       "argv": inner, "env": WORKER_ENV, "die_with_parent": not bw,
-                      "bounding_caps": None if bw else sorted(SERVER_CAPS.values())}
+                      "bounding_caps": None if bw else sorted(SERVER_CAPS.values()),
+                      "imports_root": IMPORTS, "imports": [list(b) for b in zip(self.python_path, views)]}
             return [self.python, "-s", "-B", "-c", LAUNCH_SOURCE, json.dumps(config)], {}
         run_as = {"user": ids.server, "group": ids.server, "extra_groups": []} if ids is not None else {}
         return inner, run_as
@@ -178,7 +191,7 @@ class Isolation:
         ]
 
 
-def bwrap_args(scratch_mb: int, ro_paths: tuple[str, ...] = (), *, split: bool = False) -> list[str]:
+def bwrap_args(scratch_mb: int, ro_binds: list[tuple[str, str]] = (), *, split: bool = False) -> list[str]:
     """bubblewrap's options. `split`: bwrap runs as root of the launcher's user namespace and must not make
     another one (which would map a single uid); the scratch tmpfs is the launcher's, bound in."""
     if split:
@@ -198,13 +211,14 @@ def bwrap_args(scratch_mb: int, ro_paths: tuple[str, ...] = (), *, split: bool =
     etc = ("/etc/ld.so.cache", "/etc/alternatives", "/etc/localtime")
     # The directories bubblewrap creates on the way to a bind are 0700, closed to a program of another uid
     # than the server's (a lazy import from a read-only path would fail): create them 0755 first.
-    parents = sorted({str(p) for path in (*etc, *ro_paths) for p in Path(path).parents if str(p) != "/"})
+    dests = [dest for _, dest in ro_binds]
+    parents = sorted({str(p) for path in (*etc, *dests) for p in Path(path).parents if str(p) != "/"})
     for parent in parents:
         args += ["--perms", "0755", "--dir", parent]
     for path in etc:
         args += ["--ro-bind-try", path, path]
-    for path in ro_paths:  # e.g. a venv's site-packages, for a preloaded verifier
-        args += ["--ro-bind", path, path]
+    for source, dest in ro_binds:  # e.g. a venv's site-packages, for a preloaded verifier
+        args += ["--ro-bind", source, dest]
     args += ["--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev"]
     if split:
         args += ["--bind", SCRATCH, SCRATCH]

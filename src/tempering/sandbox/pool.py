@@ -235,9 +235,6 @@ class LocalSandbox(Sandbox):
         for path in python_path:
             if not (os.path.isabs(path) and os.path.isdir(path)):
                 raise SandboxError(f"sandbox import path '{path}' is not an absolute path to a directory")
-            if (self.backend == "bwrap" or self.isolation.uid_split) and os.path.commonpath([path, "/tmp"]) == "/tmp":
-                raise SandboxError(f"sandbox import path '{path}' is under /tmp, which each worker replaces with its "
-                                   "own scratch area")
         self.size = max(1, workers)
         self._spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sandbox-spawn")
         self._idle: queue.Queue[_Worker] = queue.Queue()

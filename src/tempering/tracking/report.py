@@ -1,6 +1,8 @@
 """`tempering report RUN_DIR`: one self-contained HTML page of a run (figures inlined as PNG, no scripts,
-no network): the summary, reward and its components, held-out pass@k per domain, response length, KL,
-entropy, per-phase step time, and a table of sample completions with their rewards."""
+no network): the summary, held-out pass@1 per domain, reward and its components, response length, KL,
+entropy, per-phase step time, and a table of sample completions with their rewards. Every metric of a
+panel is drawn: a panel with more than `LINES_PER_FIGURE` names is split over several figures (a run over
+many domains has dozens of reward components), the overall ones first."""
 
 from __future__ import annotations
 
@@ -11,22 +13,25 @@ import json
 from pathlib import Path
 from typing import Any
 
+from tempering.errors import TemperingError
+from tempering.tracking import read_metrics
+
+SUMMARY_KEYS = ("heldout_pass@1_before", "heldout_pass@1_after", "heldout_greedy_pass@1_before",
+                "heldout_greedy_pass@1_after", "heldout_tasks", "temperature", "per_domain_before",
+                "per_domain_after", "wall_time_s")
+"""What a finished run's summary.json holds (`summary.write_summary`)."""
+
 PANELS: list[tuple[str, str]] = [
     ("reward", "reward/"), ("pass rate", "train/"), ("response length", "response_length/"), ("KL", "kl"),
     ("entropy", "actor/entropy"), ("step time (s)", "timing_s/"),
 ]
 """(title, metric prefix or substring): each panel plots the per-step metrics whose name matches."""
 SKIP = ("reward/hacking/", "/std", "/max", "/min")
+LINES_PER_FIGURE = 10
 STYLE = """body{font-family:system-ui,sans-serif;margin:24px;color:#222;background:#fff}
 h1{font-size:22px}h2{font-size:17px;margin-top:28px}table{border-collapse:collapse;font-size:13px}
 td,th{border:1px solid #ccc;padding:4px 8px;vertical-align:top;text-align:left}
 pre{white-space:pre-wrap;margin:0;max-width:720px;font-size:12px}.grid img{max-width:48%;margin:4px}"""
-
-
-def read_rows(path: Path) -> list[dict[str, Any]]:
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def _matches(name: str, pattern: str) -> bool:
@@ -35,17 +40,29 @@ def _matches(name: str, pattern: str) -> bool:
     return name.startswith(pattern) if pattern.endswith("/") else pattern in name
 
 
-def _figure(title: str, rows: list[dict[str, Any]], pattern: str) -> str | None:
+def panel_names(rows: list[dict[str, Any]], pattern: str) -> list[list[str]]:
+    """The metric names a panel draws, in figures of at most LINES_PER_FIGURE: the fewest path parts
+    first (`reward/mean` before `reward/lists/mean`), then by name."""
+    names = sorted({k for r in rows for k, v in r.items() if isinstance(v, int | float) and _matches(k, pattern)},
+                   key=lambda k: (k.count("/"), k))
+    return [names[i: i + LINES_PER_FIGURE] for i in range(0, len(names), LINES_PER_FIGURE)]
+
+
+def _figures(title: str, rows: list[dict[str, Any]], pattern: str) -> list[tuple[str, str]]:
+    """(title, PNG as base64) of each figure of a panel."""
+    groups = panel_names(rows, pattern)
+    titles = [title] if len(groups) == 1 else [f"{title} ({i + 1} of {len(groups)})" for i in range(len(groups))]
+    return [(t, _figure(t, rows, names)) for t, names in zip(titles, groups)]
+
+
+def _figure(title: str, rows: list[dict[str, Any]], names: list[str]) -> str:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = sorted({k for r in rows for k, v in r.items() if isinstance(v, int | float) and _matches(k, pattern)})
-    if not names:
-        return None
     fig, ax = plt.subplots(figsize=(6, 3.4))
-    for name in names[:12]:
+    for name in names:
         pts = [(r["step"], r[name]) for r in rows if isinstance(r.get(name), int | float)]
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="." if len(pts) < 30 else None, lw=1.2,
                 label=name)
@@ -57,6 +74,18 @@ def _figure(title: str, rows: list[dict[str, Any]], pattern: str) -> str | None:
     fig.savefig(buf, format="png", dpi=90)
     plt.close(fig)
     return base64.b64encode(buf.getvalue()).decode()
+
+
+def read_summary(run_dir: Path) -> dict[str, Any]:
+    """summary.json when the run finished, else {}; one error naming the file when it is unreadable."""
+    path = run_dir / "summary.json"
+    if not path.is_file():
+        return {}
+    try:
+        summary = json.loads(path.read_text())
+    except ValueError as e:
+        raise TemperingError(f"'{path}' is not valid JSON ({e})") from None
+    return summary if isinstance(summary, dict) and all(k in summary for k in SUMMARY_KEYS) else {}
 
 
 def _passk_table(summary: dict[str, Any]) -> str:
@@ -76,7 +105,7 @@ def _samples_table(run_dir: Path, limit: int) -> str:
     files = sorted((run_dir / "samples").glob("step_*.jsonl"))
     if not files:
         return "<p>no samples recorded (tracking.samples_every)</p>"
-    samples = read_rows(files[-1])[:limit]
+    samples = read_metrics(files[-1])[:limit]
     body = []
     for s in samples:
         turns = s.get("turns") or [{"action": s.get("completion", "")}]
@@ -91,11 +120,10 @@ def _samples_table(run_dir: Path, limit: int) -> str:
 
 def write_report(run_dir: Path, out: Path | None = None, samples: int = 12) -> Path:
     """Write RUN_DIR/report.html (or `out`) from metrics.jsonl, summary.json and the newest samples file."""
-    rows = read_rows(run_dir / "metrics.jsonl")
-    summary_path = run_dir / "summary.json"
-    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
-    figures = [(t, _figure(t, rows, p)) for t, p in PANELS]
-    images = "".join(f'<img alt="{html.escape(t)}" src="data:image/png;base64,{png}">' for t, png in figures if png)
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    summary = read_summary(run_dir)
+    figures = [f for title, pattern in PANELS for f in _figures(title, rows, pattern)]
+    images = "".join(f'<img alt="{html.escape(t)}" src="data:image/png;base64,{png}">' for t, png in figures)
     facts = {k: v for k, v in summary.items() if isinstance(v, int | float | str)}
     facts_html = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(f'{v:.4g}' if isinstance(v, float) else str(v))}"
                          "</td></tr>" for k, v in facts.items())

@@ -40,7 +40,7 @@ def update_policy(
     assert batch.advantages is not None, "compute advantages before the update"
     if gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model.train()
+    without_dropout(model)
     device = model_device(model)
     sums: dict[str, float] = defaultdict(float)
     n_steps = 0
@@ -76,4 +76,16 @@ def update_policy(
                 sums[f"actor/{k}"] += float(v)
     if gradient_checkpointing:
         model.gradient_checkpointing_disable()
+    model.train()
     return {k: v / n_steps for k, v in sums.items()}
+
+
+def without_dropout(model: torch.nn.Module) -> None:
+    """Eval mode everywhere (no dropout: a model's own, or LoRA's), except the flag of the layers that
+    checkpoint their activations (transformers checkpoints a layer only while it is in train mode). The
+    sampler's log-probs come from eval mode; the update's must come from the same distribution, or the PPO
+    ratio is not 1 before the first step and clipping acts on noise."""
+    model.eval()
+    for module in model.modules():
+        if getattr(module, "gradient_checkpointing", False) is True:
+            module.training = True
