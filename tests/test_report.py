@@ -77,7 +77,7 @@ def test_a_partial_run_is_reported_without_a_traceback(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_the_report_of_a_real_run(smoke_run):
+def test_the_report_of_a_real_run(smoke_run):  # noqa: F811
     """The files the trainer wrote (tests/test_e2e.py's smoke run): every panel, the per-domain table with
     the summary's own numbers, and a sample completion from the newest samples file."""
     assert cli(["report", str(smoke_run), "--out", str(smoke_run.parent / "report.html")]) == 0

@@ -91,8 +91,8 @@ def cmd_repair(args: argparse.Namespace) -> int:
 
     from tempering.agent.backends import HTTPChat, is_url, load_local
     from tempering.agent.monitor import JsonLog, Metrics
-    from tempering.checkpoint import resolve_model
     from tempering.agent.repair import RepairSettings, repair
+    from tempering.checkpoint import resolve_model
     from tempering.envs import EnvContext
     from tempering.sandbox import LocalSandbox
 

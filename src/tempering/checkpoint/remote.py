@@ -18,7 +18,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from tempering.checkpoint.local import LATEST, MANIFEST, checkpoint_name, outside_names, parse_step, retained, verify
+from tempering.checkpoint.local import (
+    LATEST,
+    MANIFEST,
+    checkpoint_name,
+    outside_names,
+    parse_step,
+    retained,
+    verify,
+)
 from tempering.errors import CheckpointError
 
 T = TypeVar("T")

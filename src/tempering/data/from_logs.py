@@ -139,12 +139,13 @@ def _user_record(r: dict[str, Any], entry) -> None:
 
 def _conflicting(tests: dict[str, TestCase]) -> set[str]:
     """Keys of the test cases whose input (call arguments or stdin) another case expects something else of."""
+    def given(t: TestCase) -> str:
+        return json.dumps([t.input, t.stdin], sort_keys=True, default=str)
+
     outcomes: dict[str, set[str]] = {}
-    for key, t in tests.items():
-        outcomes.setdefault(json.dumps([t.input, t.stdin], sort_keys=True, default=str), set()).add(
-            json.dumps([t.output, t.stdout], sort_keys=True, default=str))
-    return {key for key, t in tests.items()
-            if len(outcomes[json.dumps([t.input, t.stdin], sort_keys=True, default=str)]) > 1}
+    for t in tests.values():
+        outcomes.setdefault(given(t), set()).add(json.dumps([t.output, t.stdout], sort_keys=True, default=str))
+    return {key for key, t in tests.items() if len(outcomes[given(t)]) > 1}
 
 
 def build_tasks(records: list[tuple[str, dict]], sandbox) -> LogTasks:
