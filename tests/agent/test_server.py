@@ -112,6 +112,88 @@ def test_bad_requests_get_openai_errors(client):
         client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], temperature=5)
 
 
+def test_stop_strings_cut_the_text_also_while_streaming(client):
+    prompt = [{"role": "user", "content": "def add(a, b):\n"}]
+    whole = client.chat.completions.create(model="tiny", messages=prompt, max_tokens=24, temperature=0)
+    text = whole.choices[0].message.content
+    assert len(text) > 6
+    stop = text[3:6]  # a piece from the middle: everything from its first occurrence on is cut
+    cut = client.chat.completions.create(model="tiny", messages=prompt, max_tokens=24, temperature=0, stop=[stop, "@@"])
+    assert cut.choices[0].message.content == text[: text.index(stop)]
+    assert cut.choices[0].finish_reason == "stop" and cut.usage.completion_tokens < whole.usage.completion_tokens
+    chunks = list(client.chat.completions.create(model="tiny", messages=prompt, max_tokens=24, temperature=0,
+                                                 stop=stop, stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == text[: text.index(stop)]
+    assert chunks[-1].choices[0].finish_reason == "stop"
+    plain = client.completions.create(model="tiny", prompt="def add(a, b):\n", max_tokens=24, temperature=0)
+    piece = plain.choices[0].text[2:5]
+    cut = client.completions.create(model="tiny", prompt="def add(a, b):\n", max_tokens=24, temperature=0, stop=piece)
+    assert cut.choices[0].text == plain.choices[0].text[: plain.choices[0].text.index(piece)]
+
+
+def test_logprobs_are_the_models_own_with_the_top_alternatives(client, tiny_model_dir):
+    import torch
+
+    from tempering.rollout.chat import chat_format
+
+    messages = [{"role": "user", "content": "def sub(a, b):\n"}]
+    out = client.chat.completions.create(model="tiny", messages=messages, max_tokens=8, temperature=0,
+                                         logprobs=True, top_logprobs=3)
+    content = out.choices[0].logprobs.content
+    assert 0 < len(content) <= out.usage.completion_tokens
+    assert "".join(c.token for c in content) == out.choices[0].message.content
+    for entry in content:
+        assert len(entry.top_logprobs) == 3 and entry.top_logprobs[0].logprob >= entry.top_logprobs[2].logprob
+        assert entry.logprob == pytest.approx(entry.top_logprobs[0].logprob)  # greedy: the most likely
+    # The same numbers from the model directly (log-softmax at temperature 1).
+    model, tokenizer = load_model(tiny_model_dir), load_tokenizer(tiny_model_dir)
+    prompt = chat_format(tokenizer, "auto").render(messages)
+    ids = prompt + tokenizer(out.choices[0].message.content, add_special_tokens=False).input_ids[: len(content)]
+    with torch.no_grad():
+        logp = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), -1)
+    want = [float(logp[len(prompt) - 1 + k, ids[len(prompt) + k]]) for k in range(len(content))]
+    assert [c.logprob for c in content] == pytest.approx(want, abs=1e-4)
+    legacy = client.completions.create(model="tiny", prompt="def sub(a, b):\n", max_tokens=6, temperature=0,
+                                       logprobs=2)
+    lp = legacy.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) > 0
+    assert all(len(t) <= 2 for t in lp.top_logprobs) and lp.text_offset[0] == 0
+
+
+def test_a_seeded_request_repeats_alone_and_inside_a_batch(client):
+    prompt = [{"role": "user", "content": "def mod(a, b):\n"}]
+
+    def ask(seed, n=1):
+        return [c.message.content for c in client.chat.completions.create(
+            model="tiny", messages=prompt, max_tokens=16, temperature=1.0, seed=seed, n=n).choices]
+
+    first = ask(7)
+    assert ask(7) == first and ask(8) != first
+    with ThreadPoolExecutor(6) as pool:  # the seeded request shares a batch with others
+        batched = list(pool.map(lambda s: ask(s), [7, 11, 12, 13, 14, 15]))
+    assert batched[0] == first
+    two = ask(7, n=2)
+    assert len(two) == 2 and two[0] == first[0]  # choice i draws from seed + i
+
+
+def test_fields_that_would_change_the_output_are_refused_by_name(client):
+    prompt = [{"role": "user", "content": "x"}]
+    for extra in [{"presence_penalty": 0.5}, {"frequency_penalty": 1.0}, {"logit_bias": {"5": 10}},
+                  {"response_format": {"type": "json_object"}},
+                  {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},
+                  {"top_k": 5}]:
+        with pytest.raises(openai.BadRequestError, match=f"'{next(iter(extra))}' is not supported"):
+            client.chat.completions.create(model="tiny", messages=prompt, max_tokens=2, extra_body=extra)
+    with pytest.raises(openai.BadRequestError, match="'echo' is not supported"):
+        client.completions.create(model="tiny", prompt="x", max_tokens=2, echo=True)
+    ok = client.chat.completions.create(model="tiny", messages=prompt, max_tokens=2, presence_penalty=0, user="u",
+                                        response_format={"type": "text"}, metadata={"k": "v"})
+    assert ok.choices[0].finish_reason in ("stop", "length")
+    usage = list(client.chat.completions.create(model="tiny", messages=prompt, max_tokens=2, stream=True,
+                                                stream_options={"include_usage": True}))
+    assert usage[-1].usage is not None and usage[-1].usage.completion_tokens >= 1
+
+
 def test_the_agent_over_http_matches_the_agent_in_process(server, tiny_model_dir, tasks, sandbox):
     url, log = server
     heldout = tasks[1][:6]

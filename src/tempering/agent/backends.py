@@ -60,7 +60,7 @@ class LocalChat:
         return self.format.render(messages)
 
     def generate(self, prompts: list[list[int]], *, max_tokens: list[int], temperature: float, top_p: float = 1.0,
-                 seed: int = 0, on_tokens=None) -> list[Completion]:
+                 seed: int = 0) -> list[Completion]:
         """Complete token prompts in one batch (each up to its own `max_tokens`, within the context)."""
         from tempering.rollout.engine import SamplingParams
 
@@ -72,8 +72,7 @@ class LocalChat:
         greedy = temperature <= 0
         gen = self.engine.generate([prompts[i] for i in rows], generator=torch.Generator().manual_seed(seed),
                                    greedy=greedy, max_new_tokens=max(rooms[i] for i in rows),
-                                   sampling=SamplingParams(1.0 if greedy else temperature, top_p),
-                                   on_tokens=on_tokens and (lambda r, t: on_tokens([rows[k] for k in r], t)))
+                                   sampling=SamplingParams(1.0 if greedy else temperature, top_p))
         stops = set(self.engine.stop_ids)
         for row, i in enumerate(rows):
             ids = gen.response_ids[row, : int(gen.response_mask[row].sum())].tolist()[: rooms[i]]

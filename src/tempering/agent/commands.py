@@ -133,7 +133,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from tempering.agent.backends import load_local
     from tempering.agent.monitor import Metrics
-    from tempering.agent.server import TOKEN_ENV, TOKEN_FILE_ENV, check_exposure, serve
+    from tempering.agent.server import TOKEN_ENV, TOKEN_FILE_ENV, ServeLimits, check_exposure, serve
     from tempering.checkpoint import resolve_model
     from tempering.sandbox.service import read_token
 
@@ -148,7 +148,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     chat.name = args.name or Path(args.model).name
     auth = "token required" if token else "no token (loopback only)"
     print(f"serving {chat.name} on http://{args.host}:{args.port}/v1 ({auth}); Ctrl-C stops it", file=sys.stderr)
-    serve(chat, args.host, args.port, token=token, log_path=args.log, alert=alert, max_batch=args.max_batch)
+    limits = ServeLimits(max_pending=args.max_pending, client_pending=args.client_pending, max_n=args.max_n,
+                         max_tokens=args.max_tokens_cap)
+    serve(chat, args.host, args.port, token=token, log_path=args.log, alert=alert, max_batch=args.max_batch,
+          limits=limits)
     return 0
 
 
@@ -227,6 +230,11 @@ def add_parsers(sub, data) -> None:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--name", help="the model's name in /v1/models (default: the directory's name)")
     p.add_argument("--max-batch", type=int, default=32, help="most requests generated together")
+    p.add_argument("--max-pending", type=int, default=256, help="requests queued or generating at once; more get 429")
+    p.add_argument("--client-pending", type=int, default=64,
+                   help="requests one client (address) may have queued or generating; more get 429")
+    p.add_argument("--max-n", type=int, default=8, help="most choices per request (n)")
+    p.add_argument("--max-tokens-cap", type=int, help="most new tokens a request may ask for (default: the context)")
     p.add_argument("--token-file", help="file holding the API key clients must send (default: $TEMPERING_SERVE_TOKEN); "
                                         "required on a non-loopback --host")
     p.add_argument("--log", help="append one JSON line per request to this file")

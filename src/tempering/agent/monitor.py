@@ -39,6 +39,8 @@ class Metrics:
                                          buckets=LATENCY_BUCKETS, registry=r)
         self.prompt_tokens = Counter("tempering_prompt_tokens", "Prompt tokens processed", registry=r)
         self.completion_tokens = Counter("tempering_completion_tokens", "Tokens generated", registry=r)
+        self.cancelled = Counter("tempering_cancelled", "Requests whose client hung up before they were done",
+                                 registry=r)
         self.batch_size = Histogram("tempering_batch_size", "Requests generated together",
                                     buckets=(1, 2, 4, 8, 16, 32, 64), registry=r)
         self.attempts = Counter("tempering_attempts", "Agent attempts by outcome class", ["outcome"], registry=r)

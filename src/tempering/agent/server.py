@@ -3,14 +3,24 @@
     GET  /v1/models              the one model served (its name is the MODEL argument)
     POST /v1/chat/completions    messages -> the model's chat format (`rollout.chat`); `stream: true` for SSE
     POST /v1/completions         a text prompt, continued as it is
-    GET  /metrics                Prometheus text (requests, latency, tokens, batch sizes)
-    GET  /health
+    GET  /metrics                Prometheus text (requests, latency, tokens, batch sizes, cancellations)
+    GET  /health                 answered on the event loop, whatever the load
 
-Batching: one thread generates. Requests that arrive while it is busy queue up, and the next batch takes
-all of them (up to `max_batch`), grouped by sampling parameters: under load every generation is a batch.
-(Static batching: a request waits for the running batch to finish; vLLM's continuous batching would let
-it join mid-way.) A streamed request gets its tokens as the batch produces them. `seed` seeds the batch
-its request lands in, so a seeded request repeats exactly only when it is alone.
+OpenAI's request fields that are implemented: `max_tokens` / `max_completion_tokens`, `temperature` (0 =
+greedy), `top_p`, `n`, `seed` (per request: a seeded request draws the same numbers whichever requests
+share its batch), `stop` (up to 4 strings: the text is cut before the first, finish_reason `stop`, also
+while streaming), `logprobs` / `top_logprobs` (the sampled tokens' log-probs under the model's own
+distribution, as vLLM reports them by default, with up to 5 alternatives), `stream` and
+`stream_options.include_usage`. Fields that do not change the output (`user`, `metadata`, ...) are
+accepted; any other field that would change it - penalties, `logit_bias`, `tools`, `response_format`
+other than text, `echo`, ... - is a 400 naming it, never silently ignored.
+
+Admission (`ServeLimits`): past `max_pending` requests in all, or `client_pending` of one client (by
+address), a request gets 429 with Retry-After before its prompt is even tokenized; `n`, `max_tokens`,
+`top_logprobs` and the prompt have caps (an OpenAI-shaped 400). The prompt's length is checked cheaply
+(characters) before it is tokenized, and tokenizing runs off the event loop, so a huge prompt cannot stall
+the server. A client that hangs up - streaming or not - cancels its request: a queued one never runs, a
+running one leaves its batch at the next decode step (`serving.py`).
 
 Exposure: loopback by default; any other address needs a token ($TEMPERING_SERVE_TOKEN or --token-file),
 which clients send as their API key (`Authorization: Bearer ...`); the sandbox service's guard checks it
@@ -21,120 +31,92 @@ and caps request bodies. Errors are OpenAI's JSON shape ({"error": {"message", "
 
 import asyncio
 import json
-import queue
-import threading
 import time
 import uuid
 from collections.abc import Callable
-from concurrent.futures import Future
-from dataclasses import dataclass, field
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ConfigDict, Field
 
-from tempering.agent.backends import Completion, LocalChat
+from tempering.agent.backends import LocalChat
 from tempering.agent.monitor import AlertRule, JsonLog, Metrics
+from tempering.agent.serving import Batcher, Job, TokenLogprob
 from tempering.errors import TemperingError
 
 TOKEN_ENV, TOKEN_FILE_ENV = "TEMPERING_SERVE_TOKEN", "TEMPERING_SERVE_TOKEN_FILE"
 DEFAULT_MAX_TOKENS = 256
+HARMLESS = {"user", "metadata", "store", "service_tier", "parallel_tool_calls", "safety_identifier",
+            "prompt_cache_key", "prompt_cache_retention"}
+"""Request fields that do not change what is generated: accepted and ignored."""
+NEUTRAL = {"presence_penalty": (0, None), "frequency_penalty": (0, None), "logit_bias": (None, {}),
+           "response_format": (None, {"type": "text"}), "tools": (None, []), "tool_choice": (None, "none"),
+           "functions": (None, []), "function_call": (None, "none"), "best_of": (None, 1), "echo": (None, False),
+           "suffix": (None, ""), "modalities": (None, ["text"])}
+"""Fields that would change the output, and the values of theirs that do not (accepted)."""
+
+
+@dataclass(frozen=True)
+class ServeLimits:
+    max_pending: int = 256
+    """Requests (choices) queued or generating at once; more get 429."""
+    client_pending: int = 64
+    """Requests one client (by address) may have queued or generating; more get 429."""
+    max_n: int = 8
+    """Most choices per request."""
+    max_tokens: int | None = None
+    """Most new tokens a request may ask for (None: the model's context)."""
+    max_top_logprobs: int = 5
+    chars_per_token: int = 16
+    """A prompt of more characters than the context times this is refused before it is tokenized."""
+    max_request_bytes: int = 2 << 20
+    """Largest request body (413 past it, before it is read)."""
 
 
 class _Sampling(BaseModel):
-    model_config = ConfigDict(extra="allow")  # OpenAI clients send more fields than a local model uses
+    model_config = ConfigDict(extra="allow")  # checked by `_unsupported`: accepted only when harmless
 
     model: str | None = None
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    n: int = Field(1, ge=1, le=1)
+    n: int = Field(1, ge=1)
     stream: bool = False
+    stream_options: dict[str, Any] | None = None
     seed: int | None = None
+    stop: str | list[str] | None = None
 
 
 class ChatRequest(_Sampling):
     messages: list[dict[str, Any]] = Field(min_length=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
 
 
 class CompletionRequest(_Sampling):
     prompt: str
+    logprobs: int | None = Field(None, ge=0, le=5)
 
 
-@dataclass
-class Job:
-    prompt: list[int]
-    max_tokens: int
-    temperature: float
-    top_p: float
-    seed: int
-    future: Future = field(default_factory=Future)
-    on_token: Callable[[int], None] | None = None
-    """Streaming: hears each new token id (the stop token included)."""
+class Refused(Exception):
+    """A request answered with an OpenAI-shaped error before any generation."""
+
+    def __init__(self, status: int, message: str, code: str | None = None, kind: str = "invalid_request_error",
+                 headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.message, self.code, self.kind, self.headers = status, message, code, kind, headers
 
 
-class Batcher:
-    """Feeds queued jobs to the model in batches, in one background thread."""
-
-    def __init__(self, chat: LocalChat, metrics: Metrics, max_batch: int = 32):
-        self.chat, self.metrics, self.max_batch = chat, metrics, max_batch
-        self.jobs: queue.Queue[Job | None] = queue.Queue()
-        self.thread = threading.Thread(target=self._run, name="batcher", daemon=True)
-        self.thread.start()
-
-    def submit(self, job: Job) -> Future:
-        self.jobs.put(job)
-        return job.future
-
-    def close(self) -> None:
-        self.jobs.put(None)
-        self.thread.join(timeout=30)
-
-    def _run(self) -> None:
-        while (first := self.jobs.get()) is not None:
-            batch = [first]
-            while len(batch) < self.max_batch:
-                try:
-                    job = self.jobs.get_nowait()
-                except queue.Empty:
-                    break
-                if job is None:
-                    self.jobs.put(None)
-                    break
-                batch.append(job)
-            groups: dict[tuple, list[Job]] = {}
-            for job in batch:
-                groups.setdefault((job.temperature, job.top_p), []).append(job)
-            for (temperature, top_p), jobs in groups.items():
-                self._generate(jobs, temperature, top_p)
-
-    def _generate(self, jobs: list[Job], temperature: float, top_p: float) -> None:
-        self.metrics.batch_size.observe(len(jobs))
-        listeners = [j.on_token for j in jobs]
-
-        def on_tokens(rows: list[int], tokens: list[int]) -> None:
-            for row, token in zip(rows, tokens):
-                if listeners[row]:
-                    listeners[row](token)
-
-        try:
-            out = self.chat.generate([j.prompt for j in jobs], max_tokens=[j.max_tokens for j in jobs],
-                                     temperature=temperature, top_p=top_p, seed=jobs[0].seed,
-                                     on_tokens=on_tokens if any(listeners) else None)
-        except Exception as e:  # noqa: BLE001 - every waiting request hears it
-            for j in jobs:
-                j.future.set_exception(e)
-            return
-        for j, completion in zip(jobs, out):
-            j.future.set_result(completion)
-
-
-def _error(status: int, message: str, kind: str = "invalid_request_error", code: str | None = None) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": kind, "code": code or status}}, status_code=status)
+def _error(status: int, message: str, kind: str = "invalid_request_error", code: str | None = None,
+           headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": kind, "code": code or status}}, status_code=status,
+                        headers=headers)
 
 
 def _text(content: Any) -> str:
@@ -144,45 +126,85 @@ def _text(content: Any) -> str:
     return "" if content is None else str(content)
 
 
-class _Stream:
-    """Turns a job's token ids into text deltas: decodes what it has and sends the part not sent yet
-    (holding back a partial UTF-8 character, which decodes as U+FFFD)."""
+def _unsupported(body: _Sampling) -> str | None:
+    """The first field the request sets that would change the output and is not implemented here."""
+    for name, value in (body.model_extra or {}).items():
+        if name in HARMLESS or (name in NEUTRAL and value in NEUTRAL[name]):
+            continue
+        return name
+    return None
 
-    def __init__(self, tokenizer, stops: set[int], loop: asyncio.AbstractEventLoop, limit: int):
-        self.tokenizer, self.stops, self.loop, self.limit = tokenizer, stops, loop, limit
-        self.queue: asyncio.Queue = asyncio.Queue()
-        self.ids: list[int] = []
-        self.sent = ""
-        self.closed = False
 
-    def on_token(self, token: int) -> None:  # in the batcher's thread
-        if self.closed or len(self.ids) >= self.limit:
+class Observe:
+    """ASGI middleware: every request's status and latency into the metrics, the JSON log and the alert
+    rule (a plain ASGI wrapper rather than FastAPI's http middleware, which would wrap streaming bodies
+    and the disconnect message)."""
+
+    def __init__(self, app, metrics: Metrics, log: JsonLog, alert: AlertRule | None):
+        self.app, self.metrics, self.log, self.alert = app, metrics, log, alert
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["path"] == "/metrics":
+            return await self.app(scope, receive, send)
+        started, status = time.perf_counter(), [500]
+
+        async def sending(message):
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            endpoint, seconds = scope["path"], time.perf_counter() - started
+            self.metrics.requests.labels(endpoint, str(status[0])).inc()
+            self.metrics.request_seconds.labels(endpoint).observe(seconds)
+            client = scope.get("client")
+            self.log.write({"event": "request", "time": time.time(), "endpoint": endpoint, "status": status[0],
+                            "latency_s": round(seconds, 4), "client": client[0] if client else None})
+            if self.alert:
+                self.alert.observe(status[0] < 500, endpoint=endpoint)
+
+
+def _on_loop(future, loop: asyncio.AbstractEventLoop) -> asyncio.Future:
+    """An asyncio future that completes with a job's `done` (set in the batcher thread). Unlike
+    `asyncio.wrap_future`, cancelling it never cancels the job's own future under the batcher."""
+    out = loop.create_future()
+
+    def copy(f) -> None:
+        if out.done():
             return
-        if token in self.stops:
-            self.closed = True
-            return
-        self.ids.append(token)
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=False)
-        if text.endswith("\ufffd"):
-            return
-        delta, self.sent = text[len(self.sent):], text
-        if delta:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, delta)
+        if f.exception() is not None:
+            out.set_exception(f.exception())
+        else:
+            out.set_result(f.result())
+
+    future.add_done_callback(lambda f: loop.call_soon_threadsafe(copy, f))
+    return out
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client hangs up (after the body, the next ASGI message is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def create_app(chat: LocalChat, *, token: str | None = None, log_path: str | None = None,
-               alert: AlertRule | None = None, max_batch: int = 32, max_request_bytes: int = 8 << 20):
+               alert: AlertRule | None = None, max_batch: int = 32, limits: ServeLimits = ServeLimits()):
     """The ASGI app (behind the sandbox service's token and body-size guard)."""
-    from tempering.sandbox.app import Guard
+    from tempering.rollout.generate import encode_prompt
+    from tempering.sandbox.app import Admission, Guard
 
     metrics = alert.metrics if alert and alert.metrics else Metrics()
-    batcher = Batcher(chat, metrics, max_batch)
-    log = JsonLog(log_path)
+    admission = Admission(limits.max_pending, limits.client_pending, noun="requests", who="server")
+    batcher = Batcher(chat.engine, chat.tokenizer, admission, max_batch=max_batch,
+                      on_batch=metrics.batch_size.observe)
+    tokenizing = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tokenize")
     app = FastAPI(title="tempering serve", docs_url=None, redoc_url=None, openapi_url=None)
-    app.router.on_shutdown.append(batcher.close)
+    app.router.on_shutdown.extend([batcher.close, tokenizing.shutdown])
     app.state.batcher, app.state.metrics = batcher, metrics
     created = int(time.time())
-    stops = set(chat.engine.stop_ids)
+    max_tokens_cap = limits.max_tokens or chat.max_context
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -190,24 +212,13 @@ def create_app(chat: LocalChat, *, token: str | None = None, log_path: str | Non
         where = ".".join(str(x) for x in first.get("loc", ())[1:]) or "body"
         return _error(400, f"{where}: {first.get('msg', 'invalid request')}")
 
-    @app.middleware("http")
-    async def observe(request: Request, call_next):
-        started = time.perf_counter()
-        response = await call_next(request)
-        endpoint = request.url.path
-        if endpoint != "/metrics":
-            seconds = time.perf_counter() - started
-            metrics.requests.labels(endpoint, str(response.status_code)).inc()
-            metrics.request_seconds.labels(endpoint).observe(seconds)
-            log.write({"event": "request", "time": time.time(), "endpoint": endpoint, "status": response.status_code,
-                       "latency_s": round(seconds, 4), "client": request.client.host if request.client else None})
-            if alert:
-                alert.observe(response.status_code < 500, endpoint=endpoint)
-        return response
+    @app.exception_handler(Refused)
+    async def refused(request: Request, exc: Refused) -> JSONResponse:
+        return _error(exc.status, exc.message, exc.kind, exc.code, exc.headers)
 
     @app.get("/health")
-    def health() -> dict[str, Any]:
-        return {"status": "ok", "model": chat.name, "queued": batcher.jobs.qsize()}
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "model": chat.name, "pending": batcher.pending}
 
     @app.get("/metrics")
     def prometheus() -> Response:
@@ -218,96 +229,184 @@ def create_app(chat: LocalChat, *, token: str | None = None, log_path: str | Non
         return {"object": "list", "data": [{"id": chat.name, "object": "model", "created": created,
                                             "owned_by": "tempering", "max_model_len": chat.max_context}]}
 
-    def job_for(body: _Sampling, prompt: list[int]) -> Job | JSONResponse:
+    def check(body: _Sampling, chars: int, top: int | None) -> list[str]:
+        """Everything that can be refused before tokenizing; returns the stop strings."""
         if body.model not in (None, chat.name):
-            return _error(404, f"model '{body.model}' is not served here; this server serves '{chat.name}'",
-                          "not_found_error")
-        room = chat.max_context - len(prompt)
-        if room <= 0:
-            return _error(400, f"the prompt is {len(prompt)} tokens; this model's context is {chat.max_context}",
-                          code="context_length_exceeded")
+            raise Refused(404, f"model '{body.model}' is not served here; this server serves '{chat.name}'",
+                          kind="not_found_error")
+        if (field := _unsupported(body)) is not None:
+            raise Refused(400, f"'{field}' is not supported by this server (it would change the output)",
+                          code="unsupported_parameter")
+        if body.n > limits.max_n:
+            raise Refused(400, f"n: at most {limits.max_n} choices per request")
+        wanted = body.max_completion_tokens or body.max_tokens or 0
+        if wanted > max_tokens_cap:
+            raise Refused(400, f"max_tokens: at most {max_tokens_cap} here")
+        if top is not None and top > limits.max_top_logprobs:
+            raise Refused(400, f"top_logprobs: at most {limits.max_top_logprobs} here")
+        stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+        if len(stop) > 4:
+            raise Refused(400, "stop: at most 4 sequences")
+        if chars > chat.max_context * limits.chars_per_token:
+            raise Refused(400, f"the prompt is {chars} characters, more than this model's context of "
+                               f"{chat.max_context} tokens can hold", code="context_length_exceeded")
+        return stop
+
+    async def admitted(request: Request, body: _Sampling, chars: int, top: int | None,
+                       tokenize: Callable[[], list[int]]) -> list[Job]:
+        """Checked, admitted (429 past the caps) and tokenized (off the event loop): the request's jobs."""
+        stop = check(body, chars, top)
+        client = request.client.host if request.client else "?"
+        try:
+            batcher.admit(client, body.n)
+        except HTTPException as e:
+            raise Refused(e.status_code, e.detail, code="rate_limit_exceeded" if e.status_code == 429 else None,
+                          kind="rate_limit_error" if e.status_code == 429 else "invalid_request_error",
+                          headers=e.headers) from None
+        try:
+            prompt = await asyncio.get_running_loop().run_in_executor(tokenizing, tokenize)
+            room = chat.max_context - len(prompt)
+            if room <= 0:
+                raise Refused(400, f"the prompt is {len(prompt)} tokens; this model's context is {chat.max_context}",
+                              code="context_length_exceeded")
+        except BaseException:
+            batcher.release(client, body.n)
+            raise
         wanted = body.max_completion_tokens or body.max_tokens or DEFAULT_MAX_TOKENS
-        return Job(prompt, min(wanted, room), body.temperature, body.top_p,
-                   body.seed if body.seed is not None else time.time_ns() % (1 << 31))
+        seed = body.seed if body.seed is not None else time.time_ns() % (1 << 31)
+        jobs = [Job(prompt, max_tokens=min(wanted, room), temperature=body.temperature, top_p=body.top_p,
+                    seed=seed + i, stop=stop, logprobs=top, client=client) for i in range(body.n)]
+        batcher.enqueue(jobs)
+        return jobs
 
-    async def answer(job: Job, stream: bool, shape: Callable[[Completion], dict],
-                     chunk: Callable[[str | None, str | None], dict]):
-        if not stream:
-            completion = await asyncio.wrap_future(batcher.submit(job))
-            metrics.prompt_tokens.inc(completion.prompt_tokens)
-            metrics.completion_tokens.inc(completion.completion_tokens)
-            return shape(completion)
-        streamer = _Stream(chat.tokenizer, stops, asyncio.get_running_loop(), job.max_tokens)
-        job.on_token = streamer.on_token
-        done = asyncio.wrap_future(batcher.submit(job))
+    async def answer(request: Request, body: _Sampling, jobs: list[Job], shape: Callable[[list[Job]], dict],
+                     chunk: Callable[[int, str | None, list[TokenLogprob], str | None], dict]):
+        loop = asyncio.get_running_loop()
+        if not body.stream:
+            everything = asyncio.gather(*(_on_loop(j.done, loop) for j in jobs))
+            gone = asyncio.ensure_future(_disconnected(request))
+            await asyncio.wait({everything, gone}, return_when=asyncio.FIRST_COMPLETED)
+            if not everything.done():  # the client hung up: its rows leave the batch at the next step
+                for j in jobs:
+                    j.cancel()
+                metrics.cancelled.inc(len(jobs))
+                everything.add_done_callback(lambda f: f.cancelled() or f.exception())  # nobody waits on it now
+                return Response(status_code=499)
+            gone.cancel()
+            everything.result()  # an engine error: a 500
+            count(jobs)
+            return shape(jobs)
+        events: asyncio.Queue = asyncio.Queue()
+        for i, job in enumerate(jobs):
+            job.listen(lambda delta, entries, i=i: loop.call_soon_threadsafe(events.put_nowait, (i, delta, entries)))
+            job.done.add_done_callback(lambda _, i=i: loop.call_soon_threadsafe(events.put_nowait, (i, None, None)))
+        usage = bool((body.stream_options or {}).get("include_usage"))
 
-        async def events():
-            yield f"data: {json.dumps(chunk('', None))}\n\n"
-            while not (done.done() and streamer.queue.empty()):
-                getter = asyncio.ensure_future(streamer.queue.get())
-                finished, _ = await asyncio.wait({getter, done}, return_when=asyncio.FIRST_COMPLETED)
-                if getter in finished:
-                    yield f"data: {json.dumps(chunk(getter.result(), None))}\n\n"
-                else:
-                    getter.cancel()
-            completion = done.result()
-            rest = completion.text[len(streamer.sent):] if completion.text.startswith(streamer.sent) else ""
-            metrics.prompt_tokens.inc(completion.prompt_tokens)
-            metrics.completion_tokens.inc(completion.completion_tokens)
-            yield f"data: {json.dumps(chunk(rest or None, completion.finish_reason))}\n\n"
-            yield "data: [DONE]\n\n"
+        async def stream():
+            finished = 0
+            try:
+                for i in range(len(jobs)):
+                    yield f"data: {json.dumps(chunk(i, '', [], None))}\n\n"
+                while finished < len(jobs):
+                    i, delta, entries = await events.get()
+                    if delta is None:  # the job is done: its finish reason (or its error, a broken stream)
+                        finished += 1
+                        jobs[i].done.result()
+                        yield f"data: {json.dumps(chunk(i, None, [], jobs[i].finish_reason))}\n\n"
+                    else:
+                        yield f"data: {json.dumps(chunk(i, delta, entries, None))}\n\n"
+                count(jobs)
+                if usage:
+                    yield f"data: {json.dumps({**chunk(0, None, [], None), 'choices': [], 'usage': totals(jobs)})}\n\n"
+                yield "data: [DONE]\n\n"
+            finally:
+                if finished < len(jobs):  # the client hung up (or the stream broke)
+                    for j in jobs:
+                        j.cancel()
+                    metrics.cancelled.inc(len(jobs) - finished)
 
-        return StreamingResponse(events(), media_type="text/event-stream")
+        return StreamingResponse(stream(), media_type="text/event-stream")
 
-    def usage(c: Completion) -> dict[str, int]:
-        return {"prompt_tokens": c.prompt_tokens, "completion_tokens": c.completion_tokens,
-                "total_tokens": c.prompt_tokens + c.completion_tokens}
+    def count(jobs: list[Job]) -> None:
+        metrics.prompt_tokens.inc(len(jobs[0].prompt))
+        metrics.completion_tokens.inc(sum(j.completion_tokens for j in jobs))
+
+    def totals(jobs: list[Job]) -> dict[str, int]:
+        done = sum(j.completion_tokens for j in jobs)
+        return {"prompt_tokens": len(jobs[0].prompt), "completion_tokens": done,
+                "total_tokens": len(jobs[0].prompt) + done}
+
+    def token_entry(entry: TokenLogprob) -> dict:
+        def one(token: int, logprob: float) -> dict:
+            text = chat.tokenizer.decode([token], skip_special_tokens=False)
+            return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+
+        return {**one(entry.token, entry.logprob), "top_logprobs": [one(t, lp) for t, lp in entry.top]}
 
     @app.post("/v1/chat/completions", response_model=None)
-    async def chat_completions(body: ChatRequest):
+    async def chat_completions(body: ChatRequest, request: Request):
+        if body.top_logprobs is not None and not body.logprobs:
+            raise Refused(400, "top_logprobs: needs logprobs: true")
         messages = [{"role": m.get("role"), "content": _text(m.get("content"))} for m in body.messages]
-        try:
-            prompt = chat.render(messages)
-        except ValueError as e:
-            return _error(400, str(e))
-        job = job_for(body, prompt)
-        if isinstance(job, JSONResponse):
-            return job
+
+        def render() -> list[int]:
+            try:
+                return chat.render(messages)
+            except ValueError as e:
+                raise Refused(400, str(e)) from None
+
+        top = (body.top_logprobs or 0) if body.logprobs else None
+        jobs = await admitted(request, body, sum(len(m["content"]) for m in messages), top, render)
         rid, now = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
 
-        def shape(c: Completion) -> dict:
+        def logprobs(entries: list[TokenLogprob]) -> dict | None:
+            return {"content": [token_entry(e) for e in entries]} if body.logprobs else None
+
+        def shape(jobs: list[Job]) -> dict:
             return {"id": rid, "object": "chat.completion", "created": now, "model": chat.name,
-                    "choices": [{"index": 0, "message": {"role": "assistant", "content": c.text},
-                                 "finish_reason": c.finish_reason, "logprobs": None}], "usage": usage(c)}
+                    "choices": [{"index": i, "message": {"role": "assistant", "content": j.text},
+                                 "finish_reason": j.finish_reason, "logprobs": logprobs(j.token_logprobs)}
+                                for i, j in enumerate(jobs)], "usage": totals(jobs)}
 
-        def chunk(text: str | None, finish: str | None) -> dict:
-            delta = {} if text is None else {"role": "assistant", "content": text} if text == "" else {"content": text}
+        def chunk(i: int, text: str | None, entries: list[TokenLogprob], finish: str | None) -> dict:
+            # The opening chunk ("", nothing else) names the role; the closing one (None) has no content.
+            opening = text == "" and not entries and finish is None
+            delta = {} if text is None else {"role": "assistant", "content": ""} if opening else {"content": text}
             return {"id": rid, "object": "chat.completion.chunk", "created": now, "model": chat.name,
-                    "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]}
+                    "choices": [{"index": i, "delta": delta, "finish_reason": finish,
+                                 "logprobs": logprobs(entries) if entries else None}]}
 
-        return await answer(job, body.stream, shape, chunk)
+        return await answer(request, body, jobs, shape, chunk)
 
     @app.post("/v1/completions", response_model=None)
-    async def completions(body: CompletionRequest):
-        from tempering.rollout.generate import encode_prompt
-
-        job = job_for(body, encode_prompt(chat.tokenizer, body.prompt))
-        if isinstance(job, JSONResponse):
-            return job
+    async def completions(body: CompletionRequest, request: Request):
+        jobs = await admitted(request, body, len(body.prompt), body.logprobs,
+                              lambda: encode_prompt(chat.tokenizer, body.prompt))
         rid, now = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
 
-        def shape(c: Completion) -> dict:
+        def logprobs(entries: list[TokenLogprob]) -> dict | None:
+            if body.logprobs is None:
+                return None
+            tokens = [chat.tokenizer.decode([e.token], skip_special_tokens=False) for e in entries]
+            offsets = [sum(map(len, tokens[:k])) for k in range(len(tokens))]
+            tops = [{chat.tokenizer.decode([t], skip_special_tokens=False): lp for t, lp in e.top} for e in entries]
+            return {"tokens": tokens, "token_logprobs": [e.logprob for e in entries], "top_logprobs": tops,
+                    "text_offset": offsets}
+
+        def shape(jobs: list[Job]) -> dict:
             return {"id": rid, "object": "text_completion", "created": now, "model": chat.name,
-                    "choices": [{"index": 0, "text": c.text, "finish_reason": c.finish_reason, "logprobs": None}],
-                    "usage": usage(c)}
+                    "choices": [{"index": i, "text": j.text, "finish_reason": j.finish_reason,
+                                 "logprobs": logprobs(j.token_logprobs)} for i, j in enumerate(jobs)],
+                    "usage": totals(jobs)}
 
-        def chunk(text: str | None, finish: str | None) -> dict:
+        def chunk(i: int, text: str | None, entries: list[TokenLogprob], finish: str | None) -> dict:
             return {"id": rid, "object": "text_completion", "created": now, "model": chat.name,
-                    "choices": [{"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}]}
+                    "choices": [{"index": i, "text": text or "", "finish_reason": finish,
+                                 "logprobs": logprobs(entries) if entries else None}]}
 
-        return await answer(job, body.stream, shape, chunk)
+        return await answer(request, body, jobs, shape, chunk)
 
-    return Guard(app, token, max_request_bytes)
+    return Guard(Observe(app, metrics, JsonLog(log_path), alert), token, limits.max_request_bytes)
 
 
 def check_exposure(host: str, token: str | None) -> None:
@@ -320,10 +419,11 @@ def check_exposure(host: str, token: str | None) -> None:
 
 
 def serve(chat: LocalChat, host: str = "127.0.0.1", port: int = 8000, *, token: str | None = None,
-          log_path: str | None = None, alert: AlertRule | None = None, max_batch: int = 32) -> None:
+          log_path: str | None = None, alert: AlertRule | None = None, max_batch: int = 32,
+          limits: ServeLimits = ServeLimits()) -> None:
     """Serve until interrupted. Refuses a non-loopback address without a token."""
     import uvicorn
 
     check_exposure(host, token)
-    app = create_app(chat, token=token, log_path=log_path, alert=alert, max_batch=max_batch)
+    app = create_app(chat, token=token, log_path=log_path, alert=alert, max_batch=max_batch, limits=limits)
     uvicorn.run(app, host=host, port=port, log_level="warning", timeout_keep_alive=30)

@@ -18,7 +18,7 @@ contexts just the same: the driver passes whole contexts and never re-tokenizes.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Protocol
@@ -28,7 +28,7 @@ from torch import Tensor
 
 from tempering.models.forward import response_logprobs
 from tempering.rollout.chat import stop_token_ids
-from tempering.rollout.generate import Generation, generate
+from tempering.rollout.generate import Generation, RowSampling, TokenStep, generate
 
 
 @dataclass(frozen=True)
@@ -69,15 +69,16 @@ class LocalEngine:
 
     def generate(self, contexts: list[list[int]], *, generator: torch.Generator | None = None,
                  greedy: bool = False, max_new_tokens: int | None = None, sampling: SamplingParams | None = None,
-                 on_tokens: Callable[[list[int], list[int]], None] | None = None) -> Generation:
+                 rows: RowSampling | None = None,
+                 on_step: Callable[[TokenStep], Collection[int] | None] | None = None) -> Generation:
         """One completion per context (repeat a context G times for a group); greedy ignores the sampling
-        distribution (evaluation). A server passes each batch's own `sampling` and hears the tokens as they
-        come (`on_tokens`, see `generate`)."""
+        distribution (evaluation). A server gives each row its own sampling settings (`rows`) and hears the
+        tokens as they come, ending rows early (`on_step`, see `generate`)."""
         s = sampling or self.sampling
         with self._weights():
             gen = generate(self.model, self.tokenizer, contexts, max_new_tokens=max_new_tokens or s.max_new_tokens,
                            temperature=s.temperature, top_p=s.top_p, greedy=greedy, generator=generator,
-                           stop_ids=self.stop_ids, on_tokens=on_tokens)
+                           stop_ids=self.stop_ids, rows=rows, on_step=on_step)
         gen.version = self.version
         return gen
 

@@ -7,7 +7,7 @@ and the truncation flag; `generate` gives these only partially.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 import torch
@@ -53,6 +53,54 @@ class Generation:
         return ["length" if t else "stop" for t in self.truncated.tolist()]
 
 
+@dataclass
+class RowSampling:
+    """Sampling settings of each row of a batch (a server's requests each bring their own); they replace
+    the batch-wide temperature, top-p, greedy flag and generator of `generate`."""
+
+    temperature: list[float]
+    """Per row; 0 = greedy."""
+    top_p: list[float]
+    generators: list[torch.Generator]
+    """One per row: a seeded request draws the same numbers whichever rows share its batch."""
+    top_logprobs: int = 0
+    """How many most likely tokens to report per step (`TokenStep.top`); 0 = none."""
+
+
+@dataclass
+class TokenStep:
+    """What `generate`'s `on_step` hears each decode step, for the rows still generating."""
+
+    rows: list[int]
+    """Output row indices."""
+    tokens: list[int]
+    logprobs: list[float]
+    """Each token's log-prob under the model's own distribution (temperature 1, no top-p): what an
+    OpenAI-compatible server reports. (`Generation.logprobs` are under the sampling distribution.)"""
+    top: list[list[tuple[int, float]]] | None = None
+    """Per row, the `top_logprobs` most likely (token, log-prob), most likely first."""
+
+
+def sample_rows(logits: Tensor, rows: RowSampling, index: list[int],
+                generators: list[torch.Generator]) -> tuple[Tensor, Tensor, Tensor]:
+    """logits (B, V) of output rows `index` -> (token (B,), its log-prob under the row's sampling
+    distribution (B,), the raw log-softmax (B, V)). Each row draws from its own generator."""
+    raw = torch.log_softmax(logits.float(), dim=-1)                                 # (B, V)
+    temps = torch.tensor([rows.temperature[i] for i in index], device=logits.device)
+    greedy = temps <= 0
+    logp = torch.log_softmax(logits.float() / torch.where(greedy, 1.0, temps)[:, None], dim=-1)
+    probs = logp.exp()
+    top_p = torch.tensor([rows.top_p[i] for i in index], device=logits.device)
+    if bool((top_p < 1.0).any()):
+        sorted_p, order = probs.sort(dim=-1, descending=True)
+        outside = sorted_p.cumsum(-1) - sorted_p > top_p[:, None]
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p.masked_fill(outside, 0.0))
+    token = torch.stack([probs[j].argmax() if greedy[j] else
+                         torch.multinomial(probs[j], 1, generator=generators[j]).squeeze(0)
+                         for j in range(len(index))])                               # (B,)
+    return token, logp.gather(-1, token[:, None]).squeeze(-1), raw
+
+
 def sample_next(logits: Tensor, *, temperature: float, top_p: float, generator: torch.Generator | None,
                 greedy: bool) -> tuple[Tensor, Tensor]:
     """logits (B, V) -> (token (B,), its log-prob (B,) under softmax(logits / temperature))."""
@@ -86,26 +134,23 @@ def generate(
     generator: torch.Generator | None = None,
     batch_size: int = 256,
     stop_ids: tuple[int, ...] = (),
-    on_tokens: Callable[[list[int], list[int]], None] | None = None,
+    rows: RowSampling | None = None,
+    on_step: Callable[[TokenStep], Collection[int] | None] | None = None,
 ) -> Generation:
     """Sample one completion per prompt (repeat a prompt G times for a group). Prompts are token id lists.
     A completion ends at the first of `stop_ids` (default: EOS), which it keeps as its last token.
-    `on_tokens(rows, tokens)`, when given, hears each step's new token of every row still generating (a
-    server streams them)."""
+    `rows` gives each row its own sampling settings (a server's requests). `on_step`, when given, hears
+    each step's new token of every row still generating (a server streams them, checks stop strings) and
+    may return rows to end now: they leave the batch and the KV cache before the next decode step."""
     stops = torch.tensor(stop_ids or (tokenizer.eos_token_id,))
+    if rows is not None or on_step is not None:
+        batch_size = max(batch_size, len(prompts))  # row indices are the caller's: one chunk
     parts = [
         _generate_chunk(model, tokenizer, prompts[i: i + batch_size], max_new_tokens, temperature, top_p,
-                        greedy, generator, stops, _offset(on_tokens, i))
+                        greedy, generator, stops, rows, on_step)
         for i in range(0, len(prompts), batch_size)
     ]
     return parts[0] if len(parts) == 1 else _concat(parts, tokenizer.pad_token_id)
-
-
-def _offset(on_tokens, first: int):
-    """`on_tokens` for a chunk whose rows start at `first`."""
-    if on_tokens is None or first == 0:
-        return on_tokens
-    return lambda rows, tokens: on_tokens([first + r for r in rows], tokens)
 
 
 def generator_on(device: torch.device, generator: torch.Generator | None) -> torch.Generator | None:
@@ -119,9 +164,10 @@ def generator_on(device: torch.device, generator: torch.Generator | None) -> tor
 
 
 def _generate_chunk(model, tokenizer, prompts, max_new_tokens, temperature, top_p, greedy, generator, stops,
-                    on_tokens=None):
+                    rows=None, on_step=None):
     device = next(model.parameters()).device
     generator = generator_on(device, generator)
+    row_generators = [generator_on(device, g) for g in rows.generators] if rows is not None else None
     pad = tokenizer.pad_token_id
     device_stops = stops.to(device)
     was_training = model.training
@@ -141,13 +187,20 @@ def _generate_chunk(model, tokenizer, prompts, max_new_tokens, temperature, top_
     active = torch.arange(b)          # rows of the output that are still being generated
     width = 0
     for t in range(max_new_tokens):
-        token, logp = sample_next(logits, temperature=temperature, top_p=top_p, generator=generator,
-                                  greedy=greedy)
+        raw = None
+        if rows is None:
+            token, logp = sample_next(logits, temperature=temperature, top_p=top_p, generator=generator,
+                                      greedy=greedy)
+        else:
+            index = active.tolist()
+            token, logp, raw = sample_rows(logits, rows, index, [row_generators[i] for i in index])
         tokens[active, t], logps[active, t] = token.cpu(), logp.cpu()
         width = t + 1
-        if on_tokens is not None:
-            on_tokens(active.tolist(), token.tolist())
         finished = torch.isin(token, device_stops)
+        if on_step is not None:
+            ended = on_step(_token_step(active, token, logp if raw is None else raw, rows))
+            if ended:
+                finished |= torch.isin(active, torch.tensor(sorted(ended), dtype=torch.long)).to(device)
         if bool(finished.all()) or t == max_new_tokens - 1:
             break
         if bool(finished.any()):
@@ -175,6 +228,18 @@ def _generate_chunk(model, tokenizer, prompts, max_new_tokens, temperature, top_
     response_ids = response_ids.masked_fill(after_eos, pad)
     return Generation(prompt_ids, prompt_mask, response_ids, response_mask, logprobs * response_mask,
                       truncated, texts)
+
+
+def _token_step(active: Tensor, token: Tensor, logp: Tensor, rows: RowSampling | None) -> TokenStep:
+    """`logp`: the raw log-softmax (B, V) with per-row sampling, else the sampled tokens' log-probs (B,)."""
+    if logp.dim() == 1:
+        return TokenStep(active.tolist(), token.tolist(), logp.tolist())
+    chosen = logp.gather(-1, token[:, None]).squeeze(-1)
+    top = None
+    if rows is not None and rows.top_logprobs > 0:
+        values, ids = logp.topk(rows.top_logprobs, dim=-1)
+        top = [list(zip(i, v)) for i, v in zip(ids.tolist(), values.tolist())]
+    return TokenStep(active.tolist(), token.tolist(), chosen.tolist(), top)
 
 
 def _concat(parts: list[Generation], pad: int) -> Generation:

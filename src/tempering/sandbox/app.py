@@ -24,41 +24,50 @@ from tempering.sandbox.protocol import Batch, ServiceLimits, request_from_json
 
 
 class Admission:
-    """Executions held per client and in all; a client's running executions are capped by a semaphore."""
+    """Work held per client and in all (waiting or running): past either cap, 429 with Retry-After; a
+    single request larger than a client may ever hold, 413. Shared by the sandbox service (executions) and
+    `tempering serve` (generations)."""
 
-    def __init__(self, limits: ServiceLimits, workers: int):
-        self.limits = limits
-        self.concurrency = max(1, limits.client_concurrency or workers)
+    def __init__(self, max_pending: int, client_pending: int, noun: str = "executions", who: str = "sandbox"):
+        self.max_pending, self.client_pending, self.noun, self.who = max_pending, client_pending, noun, who
         self.lock = threading.Lock()
         self.held: dict[str, int] = {}
         self.total = 0
-        self.slots: dict[str, threading.BoundedSemaphore] = {}
 
     def enter(self, client: str, n: int) -> None:
-        cap = min(self.limits.client_pending, self.limits.max_pending)
+        cap = min(self.client_pending, self.max_pending)
         if n > cap:
-            raise HTTPException(status_code=413, detail=f"a batch of {n} executions is more than one client may "
-                                f"hold at once ({cap}); send smaller batches")
+            raise HTTPException(status_code=413, detail=f"a request of {n} {self.noun} is more than one client may "
+                                f"hold at once ({cap}); send smaller requests")
         with self.lock:
             mine = self.held.get(client, 0)
-            if mine + n > self.limits.client_pending or self.total + n > self.limits.max_pending:
-                who = "this client" if mine + n > self.limits.client_pending else "the service"
+            if mine + n > self.client_pending or self.total + n > self.max_pending:
+                holder = "this client" if mine + n > self.client_pending else f"the {self.who}"
                 raise HTTPException(status_code=429, headers={"Retry-After": "1"},
-                                    detail=f"sandbox busy: {who} already holds the executions it may")
+                                    detail=f"{self.who} busy: {holder} already holds the {self.noun} it may")
             self.held[client] = mine + n
             self.total += n
-            self.slots.setdefault(client, threading.BoundedSemaphore(self.concurrency))
 
     def leave(self, client: str, n: int) -> None:
         with self.lock:
             self.total -= n
             self.held[client] -= n
             if not self.held[client]:
-                del self.held[client]  # its semaphore stays: a request may still hold a slot of it
+                del self.held[client]
+
+
+class ClientSlots:
+    """A client's running executions capped by a semaphore (the rest of its admitted ones wait)."""
+
+    def __init__(self, concurrency: int):
+        self.concurrency = concurrency
+        self.lock = threading.Lock()
+        self.slots: dict[str, threading.BoundedSemaphore] = {}
 
     def run(self, sandbox: LocalSandbox, client: str, reqs: list[ExecRequest]) -> list[dict[str, Any]]:
         """Execute on the pool, at most `concurrency` of this client's executions at a time."""
-        slot = self.slots[client]
+        with self.lock:
+            slot = self.slots.setdefault(client, threading.BoundedSemaphore(self.concurrency))
 
         def one(req: ExecRequest) -> dict[str, Any]:
             with slot:
@@ -128,7 +137,8 @@ async def _reply(send, status: int, detail: str, headers: list | None = None) ->
 
 def create_app(sandbox: LocalSandbox, *, token: str | None, limits: ServiceLimits):
     """FastAPI executing requests on `sandbox`, behind `Guard`."""
-    admission = Admission(limits, sandbox.size)
+    admission = Admission(limits.max_pending, limits.client_pending)
+    slots = ClientSlots(max(1, limits.client_concurrency or sandbox.size))
     app = FastAPI(title="tempering sandbox", docs_url=None, redoc_url=None, openapi_url=None)
 
     @app.get("/health")
@@ -146,7 +156,7 @@ def create_app(sandbox: LocalSandbox, *, token: str | None, limits: ServiceLimit
         client = request.client.host if request.client else "?"
         admission.enter(client, len(reqs))
         try:
-            return {"results": admission.run(sandbox, client, reqs)}
+            return {"results": slots.run(sandbox, client, reqs)}
         except SandboxError as e:
             raise HTTPException(status_code=422, detail=str(e)) from None
         finally:
@@ -161,7 +171,7 @@ def create_app(sandbox: LocalSandbox, *, token: str | None, limits: ServiceLimit
         admission.enter(client, 1)
         try:
             req = fusion.to_request(body, sandbox.limits, limits.max_timeout_s)
-            [raw] = admission.run(sandbox, client, [replace(req, limits=limits.clamp(req.limits))])
+            [raw] = slots.run(sandbox, client, [replace(req, limits=limits.clamp(req.limits))])
         except SandboxError as e:
             return fusion.error_response(str(e))
         finally:
