@@ -38,14 +38,14 @@ def serve(tiny_model_dir):
     """serve(limits) -> (url, the counted forward, the LocalChat); every server is stopped afterwards."""
     servers = []
 
-    def start(limits=ServeLimits()):
+    def start(limits=None):
         model = load_model(tiny_model_dir)
         counted = model.forward = Counted(model.forward)
         chat = LocalChat(model, load_tokenizer(tiny_model_dir), name="tiny")
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        server = uvicorn.Server(uvicorn.Config(create_app(chat, limits=limits), host="127.0.0.1", port=port,
+        server = uvicorn.Server(uvicorn.Config(create_app(chat, limits=limits or ServeLimits()), host="127.0.0.1", port=port,
                                                log_level="warning"))
         thread = threading.Thread(target=server.run, daemon=True)
         thread.start()
