@@ -79,3 +79,44 @@ def test_repair_command_errors_are_one_line(tmp_path, tiny_model_dir, capsys):
     assert cli(["repair", str(tmp_path / "no-model"), "--prompt", "x", "--tests", str(tmp_path / "tests.json"),
                 "--entry-point", "f"]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_an_api_key_never_goes_over_plain_http_to_another_host(monkeypatch, tmp_path, capsys):
+    """Refused before any connection is made (192.0.2.1 is a documentation address: nothing is sent)."""
+    import pytest
+
+    from tempering.agent.backends import HTTPChat
+    from tempering.errors import TemperingError
+
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-" + "x" * 30)
+    with pytest.raises(TemperingError, match=r"refusing to send the API key \(\$OPENAI_API_KEY\) in plain text to "
+                                             r"192.0.2.1: use an https URL, a loopback address, or --allow-insecure-http"):
+        HTTPChat("http://192.0.2.1:8000/v1")
+    (tmp_path / "tests.json").write_text(json.dumps([{"input": [1], "output": 2}]))
+    assert cli(["repair", "http://192.0.2.1:8000/v1", "--prompt", "x", "--tests", str(tmp_path / "tests.json"),
+                "--entry-point", "f"]) == 2
+    assert "refusing to send the API key" in capsys.readouterr().err
+
+
+def test_serve_refuses_an_open_address_without_a_token_before_loading_anything(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("TEMPERING_SERVE_TOKEN", raising=False)
+    monkeypatch.delenv("TEMPERING_SERVE_TOKEN_FILE", raising=False)
+    assert cli(["serve", str(tmp_path / "no-such-model"), "--host", "0.0.0.0"]) == 2
+    err = capsys.readouterr().err
+    assert "without a token" in err and "does not exist" not in err  # the model was never looked at
+
+
+def test_every_command_that_takes_a_model_takes_a_registry_name(tmp_path, tiny_model_dir, tasks, monkeypatch):
+    """`tempering eval smollm2-135m-instruct` resolves the name as serve and repair do (the registry's
+    preparation stands in for the 540 MB conversion here)."""
+    from tempering.models import registry
+
+    monkeypatch.setattr(registry, "prepare", lambda name, *a, **kw: tiny_model_dir)
+    task_file = tmp_path / "tasks.jsonl"
+    save_tasks(tasks[1][:2], task_file)
+    out = tmp_path / "eval.json"
+    assert cli(["eval", "smollm2-135m-instruct", "--tasks", str(task_file), "--samples", "1", "--max-new-tokens", "4",
+                "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["model"] == str(tiny_model_dir)
+    assert cli(["export", "smollm2-135m-instruct", "--to", str(tmp_path / "exported")]) == 0
+    assert (tmp_path / "exported" / "config.json").is_file()

@@ -89,7 +89,7 @@ class _Sampling(BaseModel):
     n: int = Field(1, ge=1)
     stream: bool = False
     stream_options: dict[str, Any] | None = None
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-(1 << 63), lt=1 << 63)
     stop: str | list[str] | None = None
 
 
@@ -275,7 +275,7 @@ def create_app(chat: LocalChat, *, token: str | None = None, log_path: str | Non
         wanted = body.max_completion_tokens or body.max_tokens or DEFAULT_MAX_TOKENS
         seed = body.seed if body.seed is not None else time.time_ns() % (1 << 31)
         jobs = [Job(prompt, max_tokens=min(wanted, room), temperature=body.temperature, top_p=body.top_p,
-                    seed=seed + i, stop=stop, logprobs=top, client=client) for i in range(body.n)]
+                    seed=(seed + i) % (1 << 64), stop=stop, logprobs=top, client=client) for i in range(body.n)]
         batcher.enqueue(jobs)
         return jobs
 
