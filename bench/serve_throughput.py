@@ -12,8 +12,8 @@ e.g. a worktree of the previous main, for a before/after in one run.
 
 Then the flood figure, for each server (this one, and --old's): one client opens a long streaming
 request and hangs up after a few tokens, and a small request right after it is timed against the same
-small request alone; then FLOOD requests arrive at once while /health is polled every 50 ms: how many
-got 200 and how many 429, and the slowest /health answer.
+small request alone; then FLOOD requests arrive at once while another process polls /health every 50 ms: how
+many got 200 and how many 429, and the slowest /health answer.
 """
 
 from __future__ import annotations
@@ -99,34 +99,40 @@ def hang_up(url: str, prompt: str, small: int = 8, repeats: int = 5) -> dict:
     return {"alone": alone, "after_hang_up": statistics.median(after)}
 
 
+POLL = """
+import sys, threading, time, httpx
+url, stop, out = sys.argv[1], threading.Event(), []
+threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
+with httpx.Client(timeout=60) as client:
+    while not stop.is_set():
+        started = time.perf_counter()
+        client.get(url + "/health")
+        out.append(time.perf_counter() - started)
+        time.sleep(0.05)
+print(" ".join(f"{x:.6f}" for x in out))
+"""
+
+
 def flood(url: str, prompt: str, n: int, max_tokens: int) -> dict:
-    """`n` chat requests at once (one connection each) while /health is polled every 50 ms."""
-    async def run() -> dict:
+    """`n` chat requests at once (one connection each) while another process polls /health every 50 ms
+    (its own interpreter, so that the flood's client does not delay the poll it measures)."""
+    poller = subprocess.Popen([sys.executable, "-c", POLL, url], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True)
+    time.sleep(0.5)  # it polls before the flood too
+
+    async def run() -> tuple[list[int], float]:
         limits = httpx.Limits(max_connections=n + 8, max_keepalive_connections=0)
         async with httpx.AsyncClient(timeout=600, limits=limits) as client:
             body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": 1.0}
-            health: list[float] = []
-            flooding = asyncio.Event()
-
-            async def poll() -> None:
-                while not flooding.is_set():
-                    started = time.perf_counter()
-                    await client.get(f"{url}/health")
-                    health.append(time.perf_counter() - started)
-                    await asyncio.sleep(0.05)
-
-            poller = asyncio.create_task(poll())
             started = time.perf_counter()
             answers = await asyncio.gather(*(client.post(f"{url}/v1/chat/completions", json={**body, "seed": i})
                                              for i in range(n)))
-            wall = time.perf_counter() - started
-            flooding.set()
-            await poller
-        codes = [a.status_code for a in answers]
-        return {"200": codes.count(200), "429": codes.count(429), "other": n - codes.count(200) - codes.count(429),
-                "health_max_s": max(health), "health_p50_s": statistics.median(health), "wall_s": wall}
+            return [a.status_code for a in answers], time.perf_counter() - started
 
-    return asyncio.run(run())
+    codes, wall = asyncio.run(run())
+    health = [float(x) for x in poller.communicate("")[0].split()]
+    return {"200": codes.count(200), "429": codes.count(429), "other": n - codes.count(200) - codes.count(429),
+            "health_max_s": max(health), "health_p50_s": statistics.median(health), "wall_s": wall}
 
 
 def main() -> None:

@@ -84,9 +84,11 @@ class Job:
         """Take the next sampled token; True when the job is done (it then must leave the batch)."""
         self.ids.append(token)
         if token in stops:
-            return self._finish("stop")
+            return self._finish("stop", tokenizer)
         if self.logprobs is not None:
             self.token_logprobs.append(TokenLogprob(token, logprob, (top or [])[: self.logprobs]))
+        if self._listener is None and not self.stop:  # nobody reads the text before the end: decode it once then
+            return len(self.ids) >= self.max_tokens and self._finish("length", tokenizer)
         seen = len(self.text)
         self._decode(tokenizer)
         if self.stop and self._cut_at_stop(seen):
@@ -117,7 +119,11 @@ class Job:
         self.text = self.text[: min(hits)]
         return True
 
-    def _finish(self, reason: str) -> bool:
+    def _finish(self, reason: str, tokenizer=None) -> bool:
+        """Done; with `tokenizer`, the text is decoded whole now (unless it was decoded as it came)."""
+        if tokenizer is not None and self._listener is None and not self.stop:
+            ended = bool(self.ids) and reason == "stop"
+            self.text = tokenizer.decode(self.ids[:-1] if ended else self.ids, skip_special_tokens=False)
         self.finish_reason = reason
         self._tell(final=True)
         return True

@@ -40,13 +40,19 @@ class Admission:
             raise HTTPException(status_code=413, detail=f"a request of {n} {self.noun} is more than one client may "
                                 f"hold at once ({cap}); send smaller requests")
         with self.lock:
-            mine = self.held.get(client, 0)
-            if mine + n > self.client_pending or self.total + n > self.max_pending:
-                holder = "this client" if mine + n > self.client_pending else f"the {self.who}"
-                raise HTTPException(status_code=429, headers={"Retry-After": "1"},
-                                    detail=f"{self.who} busy: {holder} already holds the {self.noun} it may")
-            self.held[client] = mine + n
+            if why := self.busy(client, n):
+                raise HTTPException(status_code=429, headers={"Retry-After": "1"}, detail=why)
+            self.held[client] = self.held.get(client, 0) + n
             self.total += n
+
+    def busy(self, client: str, n: int = 1) -> str | None:
+        """Why `n` more of `client`'s would not fit (the 429's message), or None. Without the lock it is a
+        cheap early look (`tempering serve` answers a flood before parsing it); `enter` decides."""
+        if self.held.get(client, 0) + n > self.client_pending:
+            return f"{self.who} busy: this client already holds the {self.noun} it may"
+        if self.total + n > self.max_pending:
+            return f"{self.who} busy: the {self.who} already holds the {self.noun} it may"
+        return None
 
     def leave(self, client: str, n: int) -> None:
         with self.lock:
