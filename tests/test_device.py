@@ -8,7 +8,7 @@ from tempering.config import load_config
 from tempering.errors import ConfigError
 from tempering.models.loading import resolve_device
 from tempering.rollout.batch import RolloutBatch
-from tempering.rollout.generate import generate, generator_on
+from tempering.rollout.engine import LocalEngine, SamplingParams
 from tests.test_e2e import tempering
 
 
@@ -57,18 +57,11 @@ def test_batch_to_moves_every_tensor_and_keeps_none():
     assert b.prompt_ids.device.type == "cpu"  # the original is untouched
 
 
-def test_a_generator_of_the_model_device_is_used_as_it_is():
-    cpu = torch.Generator().manual_seed(3)
-    assert generator_on(torch.device("cpu"), cpu) is cpu
-    assert generator_on(torch.device("cpu"), None) is None
-
-
-def test_generation_on_the_cpu_is_unchanged_by_the_device_plumbing(tiny, tasks):
-    """The plain CPU path draws from the caller's generator itself (no reseeding), as before."""
+def test_generation_returns_cpu_tensors_and_repeats_from_a_cpu_generator(tiny, tasks):
     model, tok = tiny
+    engine = LocalEngine(model, tok, SamplingParams(max_new_tokens=6))
     prompts = [tok(t.prompt).input_ids for t in tasks[0][:3]]
-    a = generate(model, tok, prompts, max_new_tokens=6, generator=torch.Generator().manual_seed(5))
-    g = torch.Generator().manual_seed(5)
-    b = generate(model, tok, prompts, max_new_tokens=6, generator=g)
+    a = engine.generate(prompts, generator=torch.Generator().manual_seed(5))
+    b = engine.generate(prompts, generator=torch.Generator().manual_seed(5))
     assert torch.equal(a.response_ids, b.response_ids)
     assert a.response_ids.device.type == a.logprobs.device.type == "cpu"

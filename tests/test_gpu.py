@@ -9,7 +9,7 @@ import torch
 
 from tempering.models.forward import distinct_rows, response_logprobs
 from tempering.rollout.batch import RolloutBatch
-from tempering.rollout.generate import generate
+from tempering.rollout.engine import LocalEngine, SamplingParams
 from tempering.training.update import update_policy
 from tests.test_e2e import kill_after_checkpoint, metrics, stable, tempering
 
@@ -34,8 +34,8 @@ def test_distinct_rows_on_cuda():
 def test_sampling_on_cuda_with_a_cpu_generator_matches_the_forward_pass(tiny_cuda, tasks):
     model, tok = tiny_cuda
     prompts = [tok(t.prompt).input_ids for t in tasks[0][:4] for _ in range(3)]  # groups share prefill
-    gens = [generate(model, tok, prompts, max_new_tokens=8, temperature=0.9, top_p=0.95,
-                     generator=torch.Generator().manual_seed(11)) for _ in range(2)]
+    engine = LocalEngine(model, tok, SamplingParams(0.9, 0.95, 8))
+    gens = [engine.generate(prompts, generator=torch.Generator().manual_seed(11)) for _ in range(2)]
     assert torch.equal(gens[0].response_ids, gens[1].response_ids)  # repeatable from the CPU seed
     g = gens[0]
     assert g.response_ids.device.type == "cpu"
@@ -43,7 +43,7 @@ def test_sampling_on_cuda_with_a_cpu_generator_matches_the_forward_pass(tiny_cud
                                     temperature=0.9)
     assert logprobs.device.type == "cuda"
     torch.testing.assert_close((logprobs.cpu() * g.response_mask), g.logprobs, atol=2e-4, rtol=0)
-    greedy = generate(model, tok, prompts[:2], max_new_tokens=8, greedy=True)
+    greedy = engine.generate(prompts[:2], greedy=True)
     assert greedy.response_ids.shape[0] == 2
 
 
@@ -53,7 +53,7 @@ def test_update_moves_cpu_minibatches_to_the_model(tiny_cuda, tasks):
 
     model, tok = tiny_cuda
     prompts = [tok(t.prompt).input_ids for t in tasks[0][:4] for _ in range(2)]
-    g = generate(model, tok, prompts, max_new_tokens=6, generator=torch.Generator().manual_seed(0))
+    g = LocalEngine(model, tok, SamplingParams(max_new_tokens=6)).generate(prompts, generator=torch.Generator().manual_seed(0))
     batch = RolloutBatch(prompt_ids=g.prompt_ids, prompt_mask=g.prompt_mask, response_ids=g.response_ids,
                          response_mask=g.response_mask, old_logprobs=g.logprobs,
                          rewards=torch.arange(8, dtype=torch.float32), group_ids=torch.arange(8) // 2)

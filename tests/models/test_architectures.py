@@ -41,17 +41,14 @@ def test_stop_tokens_come_from_the_template_and_the_generation_config(tmp_path, 
     assert chat_format(tokenizer).name == ("plain" if fam.template is None else "template")
 
 
-class Prefers(torch.nn.Module):
-    """A model whose logits favour one token by a wide margin."""
+def prefers(model, token):
+    """`model`, its logits favouring one token by a wide margin (a hook on its output head)."""
+    def favour(module, inputs, logits):
+        logits[..., token] += 100.0
+        return logits
 
-    def __init__(self, model, token):
-        super().__init__()
-        self.model, self.token, self.generation_config = model, token, model.generation_config
-
-    def forward(self, **kw):
-        out = self.model(**kw)
-        out.logits[..., self.token] += 100.0
-        return out
+    model.get_output_embeddings().register_forward_hook(favour)
+    return model
 
 
 def test_generation_stops_at_the_end_of_turn_token(tmp_path, corpus):
@@ -61,7 +58,7 @@ def test_generation_stops_at_the_end_of_turn_token(tmp_path, corpus):
     tokenizer = load_tokenizer(path)
     end = tokenizer.convert_tokens_to_ids("<end_of_turn>")
     assert end != tokenizer.eos_token_id
-    engine = LocalEngine(Prefers(load_model(path), end), tokenizer, SamplingParams(max_new_tokens=8))
+    engine = LocalEngine(prefers(load_model(path), end), tokenizer, SamplingParams(max_new_tokens=8))
     gen = engine.generate([chat_format(tokenizer).start("Write add.")[0]] * 2, greedy=True)
     assert gen.finish_reasons == ["stop", "stop"] and gen.response_ids[:, 0].tolist() == [end, end]
     assert gen.response_mask.sum(1).tolist() == [1.0, 1.0] and gen.texts == ["", ""]

@@ -3,7 +3,8 @@ import torch
 from tempering.algos import AdvantageInputs, grpo, ppo_clip_loss
 from tempering.models.forward import response_logprobs
 from tempering.rollout.batch import RolloutBatch
-from tempering.rollout.generate import encode_prompt, generate
+from tempering.rollout.engine import LocalEngine, SamplingParams
+from tempering.rollout.generate import encode_prompt
 from tempering.training.optim import make_optimizer, make_scheduler
 from tempering.training.sft import encode_examples, run_sft, sft_completion
 from tempering.training.update import update_policy
@@ -23,13 +24,14 @@ def test_sft_learns_the_training_examples(tiny, tasks):
     assert history[-1]["sft/loss"] < 0.5 * history[0]["sft/loss"]
     # The first completion is now the greedy answer (memorised).
     prompt, completion = encode_examples(tokenizer, few[:1])[0]
-    gen = generate(model, tokenizer, [prompt], max_new_tokens=len(completion) + 2, greedy=True)
+    gen = LocalEngine(model, tokenizer, SamplingParams(max_new_tokens=len(completion) + 2)).generate([prompt], greedy=True)
     assert gen.response_ids[0, : len(completion)].tolist() == completion
 
 
 def make_batch(model, tokenizer, tasks, rewards):
     prompts = [encode_prompt(tokenizer, t.prompt) for t in tasks for _ in range(2)]
-    gen = generate(model, tokenizer, prompts, max_new_tokens=6, generator=torch.Generator().manual_seed(0))
+    gen = LocalEngine(model, tokenizer, SamplingParams(max_new_tokens=6)).generate(
+        prompts, generator=torch.Generator().manual_seed(0))
     batch = RolloutBatch(gen.prompt_ids, gen.prompt_mask, gen.response_ids, gen.response_mask, gen.logprobs,
                          torch.tensor(rewards), torch.arange(len(prompts)) // 2)
     batch.advantages, batch.returns = grpo(AdvantageInputs(batch.rewards, batch.response_mask, batch.group_ids))

@@ -47,7 +47,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tempering.agent.backends import LocalChat
 from tempering.agent.monitor import AlertRule, JsonLog, Metrics
-from tempering.agent.serving import Batcher, Job, TokenLogprob
+from tempering.agent.serving import Job, TokenLogprob
 from tempering.errors import TemperingError
 
 TOKEN_ENV, TOKEN_FILE_ENV = "TEMPERING_SERVE_TOKEN", "TEMPERING_SERVE_TOKEN_FILE"
@@ -187,8 +187,8 @@ class Observe:
 
 
 def _on_loop(future, loop: asyncio.AbstractEventLoop) -> asyncio.Future:
-    """An asyncio future that completes with a job's `done` (set in the batcher thread). Unlike
-    `asyncio.wrap_future`, cancelling it never cancels the job's own future under the batcher."""
+    """An asyncio future that completes with a job's `done` (set in the engine's thread). Unlike
+    `asyncio.wrap_future`, cancelling it never cancels the job's own future under the engine."""
     out = loop.create_future()
 
     def copy(f) -> None:
@@ -217,12 +217,13 @@ def create_app(chat: LocalChat, *, token: str | None = None, log_path: str | Non
 
     metrics = alert.metrics if alert and alert.metrics else Metrics()
     admission = Admission(limits.max_pending, limits.client_pending, noun="requests", who="server")
-    batcher = Batcher(chat.engine, chat.tokenizer, admission, max_batch=max_batch,
-                      on_batch=metrics.batch_size.observe)
+    engine = chat.engine
+    engine.scheduler.max_rows, engine.scheduler.on_step = max_batch, metrics.batch_size.observe
+    engine.start()  # continuous batching on the engine's own thread
     tokenizing = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tokenize")
     app = FastAPI(title="tempering serve", docs_url=None, redoc_url=None, openapi_url=None)
-    app.router.on_shutdown.extend([batcher.close, tokenizing.shutdown])
-    app.state.batcher, app.state.metrics = batcher, metrics
+    app.router.on_shutdown.extend([engine.close, tokenizing.shutdown])
+    app.state.engine, app.state.metrics = engine, metrics
     created = int(time.time())
     max_tokens_cap = limits.max_tokens or chat.max_context
 
@@ -238,7 +239,7 @@ def create_app(chat: LocalChat, *, token: str | None = None, log_path: str | Non
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
-        return {"status": "ok", "model": chat.name, "pending": batcher.pending}
+        return {"status": "ok", "model": chat.name, "pending": admission.total}
 
     @app.get("/metrics")
     def prometheus() -> Response:
@@ -278,7 +279,7 @@ def create_app(chat: LocalChat, *, token: str | None = None, log_path: str | Non
         stop = check(body, chars, top)
         client = request.client.host if request.client else "?"
         try:
-            batcher.admit(client, body.n)
+            admission.enter(client, body.n)
         except HTTPException as e:
             raise Refused(e.status_code, e.detail, code="rate_limit_exceeded" if e.status_code == 429 else None,
                           kind="rate_limit_error" if e.status_code == 429 else "invalid_request_error",
@@ -290,13 +291,15 @@ def create_app(chat: LocalChat, *, token: str | None = None, log_path: str | Non
                 raise Refused(400, f"the prompt is {len(prompt)} tokens; this model's context is {chat.max_context}",
                               code="context_length_exceeded")
         except BaseException:
-            batcher.release(client, body.n)
+            admission.leave(client, body.n)
             raise
         wanted = body.max_completion_tokens or body.max_tokens or DEFAULT_MAX_TOKENS
         seed = body.seed if body.seed is not None else time.time_ns() % (1 << 31)
         jobs = [Job(prompt, max_tokens=min(wanted, room), temperature=body.temperature, top_p=body.top_p,
                     seed=(seed + i) % (1 << 64), stop=stop, logprobs=top, client=client) for i in range(body.n)]
-        batcher.enqueue(jobs)
+        for job in jobs:  # each gives its room back when the engine is done with it (or it was cancelled)
+            job.done.add_done_callback(lambda _, c=client: admission.leave(c, 1))
+            job.submit(engine)
         return jobs
 
     async def answer(request: Request, body: _Sampling, jobs: list[Job], shape: Callable[[list[Job]], dict],

@@ -2,23 +2,30 @@
 
 An engine owns the sampling distribution - temperature, top-p, the token budget - so that the sampler,
 the reference pass and the update cannot disagree about it (PPO's ratio is only right when the trainer
-recomputes log-probs under the distribution that sampled). It offers three calls:
+recomputes log-probs under the distribution that sampled). Underneath it is request-level:
 
-    generate(contexts)               -> Generation: ids, log-probs, finish reasons, the policy version
+    submit(Request) -> Handle        one sequence with its own sampling settings and seed; streamed
+                                     token by token (`Request.on_token`), cancellable, its `Completion`
+                                     (ids, log-probs, finish reason, the policy version) at the end
+    generate(contexts)               -> Generation: submit one request per context and wait (RL
+                                     rollouts, evaluation, the repair agent)
     logprobs(prompt, response, ...)  -> log-probs of given responses under the same distribution
     load_weights(state, version)     -> the trainer's new weights; later samples record `version`
 
-Nothing here assumes the engine shares the trainer's process or memory: the trainer only hands it a
-state dict and a version number, and reads back token ids and log-probs (CPU tensors). `LocalEngine`
-is the in-process transformers implementation (where `load_weights` of the trainer's own parameters
-costs nothing); a Ray actor, a vLLM engine or an OpenAI-compatible HTTP client implement the same
-protocol. An engine that keeps each episode's KV cache across turns would take the episode ids as
-contexts just the same: the driver passes whole contexts and never re-tokenizes.
+`LocalEngine` runs a transformers model in this process over a KV cache it manages, with continuous
+batching (`scheduler.py`: requests join at the next decode step, finished or cancelled rows leave at
+once, a group's shared prompt and an episode's earlier turns are computed once). A server starts its loop
+in a thread of its own (`start`); `generate` without one drives the loop in the caller's thread, which
+keeps a training run's schedule - and so its samples - fixed. Nothing here assumes the engine shares the
+trainer's process or memory: the trainer only hands it a state dict and a version number, and reads back
+token ids and log-probs (CPU tensors); a Ray actor, a vLLM engine or an OpenAI-compatible HTTP client
+implement the same protocol. `make_engine` is the one way to build one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping
+import threading
+from collections.abc import Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Protocol
@@ -28,7 +35,8 @@ from torch import Tensor
 
 from tempering.models.forward import response_logprobs
 from tempering.rollout.chat import stop_token_ids
-from tempering.rollout.generate import Generation, RowSampling, TokenStep, generate
+from tempering.rollout.generate import Generation, left_pad
+from tempering.rollout.scheduler import Completion, Handle, Request, Scheduler
 
 
 @dataclass(frozen=True)
@@ -49,7 +57,7 @@ class Engine(Protocol):
     """Ids that end a generation (EOS, the chat template's end of turn); an action ends with one of them."""
 
     def generate(self, contexts: list[list[int]], *, generator: torch.Generator | None = None,
-                 greedy: bool = False, max_new_tokens: int | None = None) -> Generation: ...
+                 greedy: bool = False, max_new_tokens: int | None = None, keep: bool = False) -> Generation: ...
 
     def logprobs(self, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor,
                  response_attention: Tensor) -> Tensor: ...
@@ -58,29 +66,94 @@ class Engine(Protocol):
 
 
 class LocalEngine:
-    """Samples with a transformers model in this process (KV cache, shared prompt prefill).
-    `adapters=False` serves a peft model's base with its LoRA adapters disabled (a LoRA run's reference)."""
+    """Samples with a transformers model in this process (see the module docstring). `adapters=False`
+    serves a peft model's base with its LoRA adapters disabled (a LoRA run's reference). `max_rows` bounds
+    the rows decoded together (more requests wait for a free slot)."""
 
     def __init__(self, model, tokenizer, sampling: SamplingParams = SamplingParams(), version: int = 0,
-                 adapters: bool = True):
+                 adapters: bool = True, max_rows: int = 256, max_length: int | None = None):
         self.model, self.tokenizer, self.sampling, self.version = model, tokenizer, sampling, version
         self.stop_ids = stop_token_ids(tokenizer, getattr(model, "generation_config", None))
         self._weights = nullcontext if adapters else model.disable_adapter
+        self.scheduler = Scheduler(model, self.stop_ids, max_rows=max_rows, max_length=max_length,
+                                   version=lambda: self.version)
+        self._loop: threading.Thread | None = None
+        self._wake = threading.Event()
+        self._closed = False
+
+    # ------------------------------------------------------------------------------ request level
+
+    def submit(self, request: Request) -> Handle:
+        handle = self.scheduler.submit(request)
+        self._wake.set()
+        return handle
+
+    def start(self) -> None:
+        """Run the scheduler's loop in a background thread (a server); `generate` then waits on it."""
+        if self._loop is None:
+            self._loop = threading.Thread(target=self._serve, name="engine", daemon=True)
+            self._loop.start()
+
+    def close(self) -> None:
+        self._closed = True
+        self._wake.set()
+        if self._loop is not None:
+            self._loop.join(timeout=30)
+            self._loop = None
+
+    def _serve(self) -> None:
+        while not self._closed:
+            if not self.scheduler.busy:
+                self._wake.wait(0.5)
+                self._wake.clear()
+                continue
+            self._step()
+
+    def _step(self) -> None:
+        try:
+            with self._weights():
+                self.scheduler.step()
+        except Exception as e:  # noqa: BLE001 - every request in flight hears it; the engine stays up
+            self.scheduler.fail(e)
+
+    def run(self, handles: list[Handle]) -> list[Completion]:
+        """Wait for `handles`: on the background loop if one runs, else by stepping in this thread."""
+        if self._loop is None:
+            while not all(h.done() for h in handles):
+                self._step()
+        return [h.result() for h in handles]
+
+    # --------------------------------------------------------------------------------- batch level
 
     def generate(self, contexts: list[list[int]], *, generator: torch.Generator | None = None,
-                 greedy: bool = False, max_new_tokens: int | None = None, sampling: SamplingParams | None = None,
-                 rows: RowSampling | None = None,
-                 on_step: Callable[[TokenStep], Collection[int] | None] | None = None) -> Generation:
+                 greedy: bool = False, max_new_tokens: int | None = None, keep: bool = False) -> Generation:
         """One completion per context (repeat a context G times for a group); greedy ignores the sampling
-        distribution (evaluation). A server gives each row its own sampling settings (`rows`) and hears the
-        tokens as they come, ending rows early (`on_step`, see `generate`)."""
-        s = sampling or self.sampling
-        with self._weights():
-            gen = generate(self.model, self.tokenizer, contexts, max_new_tokens=max_new_tokens or s.max_new_tokens,
-                           temperature=s.temperature, top_p=s.top_p, greedy=greedy, generator=generator,
-                           stop_ids=self.stop_ids, rows=rows, on_step=on_step)
-        gen.version = self.version
-        return gen
+        distribution (evaluation). Each row's random numbers come from a seed drawn from `generator`.
+        `keep`: the rows' caches are kept when they are done, for a next turn that extends them."""
+        s = self.sampling
+        seeds = torch.randint(0, 1 << 62, (len(contexts),), generator=generator).tolist()
+        budget = max_new_tokens or s.max_new_tokens
+        handles = [self.submit(Request(list(c), budget, 0.0 if greedy else s.temperature, s.top_p, seed, keep=keep))
+                   for c, seed in zip(contexts, seeds)]
+        return self._generation(contexts, self.run(handles))
+
+    def _generation(self, contexts: list[list[int]], done: list[Completion]) -> Generation:
+        pad = self.tokenizer.pad_token_id
+        prompt_ids, prompt_mask = left_pad(contexts, pad)
+        width = max((len(c.ids) for c in done), default=0)
+        response_ids = torch.full((len(done), width), pad, dtype=torch.long)
+        response_mask = torch.zeros((len(done), width))
+        logprobs = torch.zeros((len(done), width))
+        texts = []
+        for i, c in enumerate(done):
+            response_ids[i, : len(c.ids)] = torch.tensor(c.ids, dtype=torch.long)
+            response_mask[i, : len(c.ids)] = 1.0
+            logprobs[i, : len(c.ids)] = torch.tensor(c.logprobs)
+            ended = c.finish_reason == "stop"
+            texts.append(self.tokenizer.decode(c.ids[:-1] if ended else c.ids, skip_special_tokens=False))
+        truncated = torch.tensor([c.finish_reason != "stop" for c in done])
+        return Generation(prompt_ids, prompt_mask, response_ids, response_mask, logprobs, truncated, texts,
+                          self.version, reused=sum(c.reused for c in done))
 
     @torch.no_grad()
     def logprobs(self, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor,
@@ -93,8 +166,9 @@ class LocalEngine:
 
     def load_weights(self, state: Mapping[str, Tensor], version: int) -> None:
         """Copy `state` into the model, unless it is the model's own storage (the trainer's policy in this
-        process: then there is nothing to copy)."""
+        process: then there is nothing to copy). Kept caches were computed by the old weights: dropped."""
         own = self.model.state_dict()
         if any(own[k].data_ptr() != v.data_ptr() for k, v in state.items()):
             self.model.load_state_dict(state)
         self.version = version
+        self.scheduler.forget()
