@@ -84,7 +84,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from tempering.envs import EnvContext
     from tempering.eval.evaluate import evaluate
     from tempering.models.loading import load_model, load_tokenizer, resolve_device
-    from tempering.rollout.engine import LocalEngine, SamplingParams
+    from tempering.rollout.engine import SamplingParams, make_engine
     from tempering.sandbox import LocalSandbox
 
     model_dir = resolve_model(args.model)
@@ -99,7 +99,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     model = load_model(model_dir, device=device)
     tokenizer = load_tokenizer(model_dir)
-    engine = LocalEngine(model, tokenizer, SamplingParams(args.temperature, 1.0, args.max_new_tokens))
+    engine = make_engine(model, tokenizer, SamplingParams(args.temperature, 1.0, args.max_new_tokens))
     with LocalSandbox(workers=2) as sandbox:
         # pass@k of the final attempt; with --turns > 1 also first_turn_pass@1 (feedback between attempts).
         ctx = EnvContext(sandbox, max_turns=args.turns, options={"code_instruction": args.instruction})

@@ -132,6 +132,9 @@ class RolloutSection(Section):
     """Nucleus sampling threshold (1.0 = off)."""
     max_new_tokens: int = Field(48, ge=1)
     """Longest completion; longer ones are cut and marked truncated."""
+    engine: Literal["local", "vllm"] = "local"
+    """What samples: `local` (the engine in this process: continuous batching over its own KV cache) or
+    `vllm` (vLLM in this process, the `tempering[vllm]` extra; weights synced after each update)."""
 
 
 class EnvOptionsSection(Section):

@@ -32,7 +32,7 @@ from tempering.errors import Preempted
 from tempering.eval.evaluate import validation_metrics
 from tempering.rewards import RewardFunction
 from tempering.rollout.batch import RolloutBatch, collate, concat_batches
-from tempering.rollout.engine import LocalEngine, SamplingParams
+from tempering.rollout.engine import SamplingParams, make_engine
 from tempering.rollout.episodes import Rollout, run_episodes
 from tempering.sandbox import Sandbox
 from tempering.state import TrainState
@@ -72,9 +72,9 @@ class RLTrainer:
                                         penalty=r.penalty, step_fn=r.step_fn)
         self.ctx = env_context(cfg, sandbox, self.reward_fn.needs)
         sampling = SamplingParams(cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.max_new_tokens)
-        self.engine = LocalEngine(state.policy, state.tokenizer, sampling, version=state.step)
+        self.engine = make_engine(state.policy, state.tokenizer, sampling, kind=cfg.rollout.engine, version=state.step)
         ref, adapters = (state.ref, True) if state.ref is not None else (state.policy, False)  # LoRA: the base
-        self.ref = LocalEngine(ref, state.tokenizer, sampling, adapters=adapters) if algo.kl_coef > 0 else None
+        self.ref = make_engine(ref, state.tokenizer, sampling, adapters=adapters) if algo.kl_coef > 0 else None
         self.stop_signal: str | None = None
 
     # ------------------------------------------------------------------------------------ one step
@@ -201,12 +201,14 @@ class RLTrainer:
 
     def validate(self, step: int) -> dict[str, float]:
         """Held-out pass@1 on the first `eval.val_tasks` tasks: sampled (2 per task) and greedy."""
-        cfg = self.cfg
-        engine = LocalEngine(self.state.policy, self.state.tokenizer,
-                             SamplingParams(cfg.eval.temperature, 1.0, cfg.rollout.max_new_tokens))
-        return validation_metrics(engine, self.heldout_tasks[: cfg.eval.val_tasks], self.ctx,
-                                  seed=step_seed(cfg.run.seed, step, 2), max_context=cfg.env.max_context,
-                                  chat=cfg.env.chat_format)
+        cfg, engine = self.cfg, self.engine
+        rollout, engine.sampling = engine.sampling, SamplingParams(cfg.eval.temperature, 1.0, cfg.rollout.max_new_tokens)
+        try:  # the policy's own engine (one cache), at the evaluation's temperature meanwhile
+            return validation_metrics(engine, self.heldout_tasks[: cfg.eval.val_tasks], self.ctx,
+                                      seed=step_seed(cfg.run.seed, step, 2), max_context=cfg.env.max_context,
+                                      chat=cfg.env.chat_format)
+        finally:
+            engine.sampling = rollout
 
     # ---------------------------------------------------------------------------------- the loop
 

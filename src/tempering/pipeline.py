@@ -37,7 +37,7 @@ from tempering.models.lora import is_adapter_dir
 from tempering.models.registry import prepare as prepare_model
 from tempering.models.tokenizer import train_tokenizer
 from tempering.rollout.chat import chat_format
-from tempering.rollout.engine import LocalEngine, SamplingParams
+from tempering.rollout.engine import SamplingParams, make_engine
 from tempering.sandbox import Sandbox
 from tempering.state import TrainState
 from tempering.summary import print_summary, write_summary
@@ -171,7 +171,7 @@ def heldout_eval(ws: Workspace, model_dir: Path, sandbox: Sandbox, name: str,
     began = time.perf_counter()
     model = load_model(model_dir, dtype=cfg.model.dtype, device=cfg.run.device)
     tokenizer = load_tokenizer(model_dir)
-    engine = LocalEngine(model, tokenizer, SamplingParams(cfg.eval.temperature, 1.0, cfg.rollout.max_new_tokens))
+    engine = make_engine(model, tokenizer, SamplingParams(cfg.eval.temperature, 1.0, cfg.rollout.max_new_tokens))
     kw = dict(max_context=cfg.env.max_context, chat=cfg.env.chat_format)
     ctx = env_context(cfg, sandbox)
     sampled = evaluate(engine, ws.heldout_tasks, ctx, samples=cfg.eval.samples, seed=cfg.run.seed + 7, **kw)

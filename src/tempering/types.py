@@ -199,6 +199,9 @@ class Turn:
     """The action ended with the end-of-sequence token (else the token budget cut it)."""
     tokens: int = 0
     """Policy tokens of the action."""
+    computed: int = 0
+    """Context tokens the engine computed before sampling the action (the rest of the context came from
+    its cache: a group's shared prompt, the episode's earlier turns)."""
 
 
 @dataclass

@@ -81,20 +81,20 @@ def test_repair_command_errors_are_one_line(tmp_path, tiny_model_dir, capsys):
     assert "does not exist" in capsys.readouterr().err
 
 
-def test_an_api_key_never_goes_over_plain_http_to_another_host(monkeypatch, tmp_path, capsys):
+def test_an_api_key_never_goes_over_plain_http_to_another_host(monkeypatch, tmp_path, capsys, tiny_model_dir):
     """Refused before any connection is made (192.0.2.1 is a documentation address: nothing is sent)."""
     import pytest
 
-    from tempering.agent.backends import HTTPChat
     from tempering.errors import TemperingError
+    from tempering.rollout.engine import make_engine
 
     monkeypatch.setenv("OPENAI_API_KEY", "sk-" + "x" * 30)
     with pytest.raises(TemperingError, match=r"refusing to send the API key \(\$OPENAI_API_KEY\) in plain text to "
                                              r"192.0.2.1: use an https URL, a loopback address, or --allow-insecure-http"):
-        HTTPChat("http://192.0.2.1:8000/v1")
+        make_engine("http://192.0.2.1:8000/v1", None, kind="http")
     (tmp_path / "tests.json").write_text(json.dumps([{"input": [1], "output": 2}]))
     assert cli(["repair", "http://192.0.2.1:8000/v1", "--prompt", "x", "--tests", str(tmp_path / "tests.json"),
-                "--entry-point", "f"]) == 2
+                "--entry-point", "f", "--tokenizer", str(tiny_model_dir)]) == 2
     assert "refusing to send the API key" in capsys.readouterr().err
 
 

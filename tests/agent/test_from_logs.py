@@ -6,7 +6,6 @@ import sys
 
 import pytest
 
-from tempering.agent.backends import Completion
 from tempering.agent.monitor import JsonLog
 from tempering.agent.repair import repair
 from tempering.data import load_tasks
@@ -50,19 +49,14 @@ def test_user_records_become_one_checked_task(sandbox, tmp_path):
                              "the reference fails the derived tests": 1}
 
 
-def test_agent_logs_become_tasks_with_their_repair_as_reference(sandbox, tmp_path):
+def test_agent_logs_become_tasks_with_their_repair_as_reference(sandbox, tmp_path, tiny):
+    from tests.agent.test_repair import Scripted
+
     task = Task(id="m", domain="d", prompt=PROMPT, entry_point="median3",
                 tests=[TestCase(input=[1, 2, 3], output=2), TestCase(input=[5, 4, 6], output=5)])
-
-    class TwoTries:
-        name = "scripted"
-
-        def chat(self, conversations, **kw):
-            return [Completion(WRONG if len(m) == 1 else RIGHT, "stop") for m in conversations]
-
     log = tmp_path / "agent.jsonl"
     for _ in range(2):  # the same task failed twice in production: one task comes out
-        repair(TwoTries(), [task], EnvContext(sandbox), log=JsonLog(log))
+        repair(Scripted(tiny[1], {"median3": [WRONG, RIGHT]}), [task], EnvContext(sandbox), log=JsonLog(log))
     built = build_tasks(read_records([log]), sandbox)
     [made] = built.tasks
     assert [(t.input, t.output) for t in made.tests] == [(t.input, t.output) for t in task.tests]

@@ -14,7 +14,7 @@ import pytest
 import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
-from tempering.agent.backends import LocalChat
+from tempering.agent.backends import local_model
 from tempering.agent.server import ServeLimits, create_app
 from tempering.models.loading import load_model, load_tokenizer
 
@@ -35,17 +35,17 @@ class Counted:
 
 @pytest.fixture()
 def serve(tiny_model_dir):
-    """serve(limits) -> (url, the counted forward, the LocalChat); every server is stopped afterwards."""
+    """serve(limits) -> (url, the counted forward, the LocalModel); every server is stopped afterwards."""
     servers = []
 
-    def start(limits=None):
+    def start(limits=None, max_batch=32):
         model = load_model(tiny_model_dir)
-        counted = model.forward = Counted(model.forward)
-        chat = LocalChat(model, load_tokenizer(tiny_model_dir), name="tiny")
+        counted = model.model.forward = Counted(model.model.forward)  # the decoder: one call a step
+        chat = local_model(model, load_tokenizer(tiny_model_dir), name="tiny")
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        server = uvicorn.Server(uvicorn.Config(create_app(chat, limits=limits or ServeLimits()), host="127.0.0.1", port=port,
+        server = uvicorn.Server(uvicorn.Config(create_app(chat, limits=limits or ServeLimits(), max_batch=max_batch), host="127.0.0.1", port=port,
                                                log_level="warning"))
         thread = threading.Thread(target=server.run, daemon=True)
         thread.start()
@@ -135,15 +135,17 @@ def test_a_client_that_hangs_up_frees_its_row_at_the_next_decode_step(serve, str
 
 
 def test_a_queued_request_whose_client_left_never_runs(serve):
-    url, counted, _ = serve(ServeLimits())
+    """One row at a time (--max-batch 1): the second request waits for a slot, its client leaves, and it
+    never runs - every decode step has one row, 39 of them for the first request's 40 tokens."""
+    url, counted, _ = serve(ServeLimits(), max_batch=1)
     [running] = hold(url, 1, max_tokens=40)
     wait_for(lambda: httpx.get(f"{url}/health").json()["pending"] == 1)
     with pytest.raises(httpx.ReadTimeout):  # queued behind the running batch, then gone
         httpx.post(f"{url}/v1/chat/completions", json=body(max_tokens=40, seed=9), timeout=0.3)
     wait_for(lambda: metric(url, "tempering_cancelled") == 1)
     assert httpx.get(f"{url}/health").json()["pending"] == 1  # its room was given back at once
-    assert running.result().status_code == 200
-    assert metric(url, "tempering_batch_size_count") == 1  # the cancelled one never formed a batch
+    assert running.result().json()["usage"]["completion_tokens"] == 40
+    assert metric(url, "tempering_batch_size_count") == metric(url, "tempering_batch_size_sum") == 39
 
 
 def test_a_huge_prompt_is_refused_before_tokenizing_and_tokenizing_is_off_the_event_loop(serve, monkeypatch):

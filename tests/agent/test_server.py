@@ -13,11 +13,12 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tempering.agent.backends import HTTPChat, LocalChat
+from tempering.agent.backends import local_model
 from tempering.agent.repair import RepairSettings, repair
 from tempering.envs import EnvContext
 from tempering.errors import TemperingError
 from tempering.models.loading import load_model, load_tokenizer
+from tempering.rollout.engine import SamplingParams, make_engine
 
 KEY = "k" * 24
 
@@ -195,24 +196,27 @@ def test_fields_that_would_change_the_output_are_refused_by_name(client):
 
 
 def test_the_agent_over_http_matches_the_agent_in_process(server, tiny_model_dir, tasks, sandbox):
+    """The same episodes over HTTP (token prompts, token ids back) as in process, attempt for attempt."""
     url, log = server
     heldout = tasks[1][:6]
-    settings = RepairSettings(repairs=2, max_tokens=24)
-    remote = repair(HTTPChat(f"{url}/v1"), heldout, EnvContext(sandbox, feedback_chars=200), settings)
-    local = LocalChat(load_model(tiny_model_dir), load_tokenizer(tiny_model_dir))
-    here = repair(local, heldout, EnvContext(sandbox, feedback_chars=200), settings)
+    settings = RepairSettings(repairs=2)
+    tokenizer, sampling = load_tokenizer(tiny_model_dir), SamplingParams(1.0, 1.0, 24)
+    remote = repair(make_engine(f"{url}/v1", tokenizer, sampling, kind="http"), heldout,
+                    EnvContext(sandbox, feedback_chars=200), settings, max_context=180)
+    local = local_model(load_model(tiny_model_dir), tokenizer, sampling=sampling).engine
+    here = repair(local, heldout, EnvContext(sandbox, feedback_chars=200), settings, max_context=180)
     assert [e.classes for e in remote.episodes] == [e.classes for e in here.episodes]
     assert sum(len(e.classes) for e in remote.episodes) > len(heldout)  # repairs were asked for over HTTP
     families = {f.name: f for f in text_string_to_metric_families(httpx.get(f"{url}/metrics").text)}
     served = sum(s.value for s in families["tempering_requests"].samples
-                 if s.name == "tempering_requests_total" and s.labels["endpoint"] == "/v1/chat/completions")
+                 if s.name == "tempering_requests_total" and s.labels["endpoint"] == "/v1/completions")
     assert served >= sum(len(e.classes) for e in remote.episodes)
-    assert '"endpoint": "/v1/chat/completions"' in log.read_text()  # one JSON line per request
+    assert '"endpoint": "/v1/completions"' in log.read_text()  # one JSON line per request
 
 
 def test_a_server_that_is_down_is_one_clear_error():
     with pytest.raises(TemperingError, match=r"model server at http://127.0.0.1:\d+/v1 is unreachable"):
-        HTTPChat(f"http://127.0.0.1:{free_port()}/v1")
+        make_engine(f"http://127.0.0.1:{free_port()}/v1", None, kind="http")
 
 
 def test_off_loopback_needs_a_token_and_a_token_is_enforced(tiny_model_dir):
@@ -225,7 +229,7 @@ def test_off_loopback_needs_a_token_and_a_token_is_enforced(tiny_model_dir):
         with pytest.raises(openai.AuthenticationError):
             openai.OpenAI(base_url=f"{url}/v1", api_key="wrong", max_retries=0).models.list()
         with pytest.raises(TemperingError, match="refused the API key"):
-            HTTPChat(f"{url}/v1", api_key="wrong")
+            make_engine(f"{url}/v1", None, kind="http", api_key="wrong")
         assert openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0).models.list().data[0].id == "tiny"
     finally:
         stop(proc)

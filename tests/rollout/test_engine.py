@@ -148,7 +148,7 @@ def test_a_next_turn_that_extends_a_kept_sequence_computes_only_its_new_tokens(t
     follow = [p + first.response_ids[i, : int(first.response_mask[i].sum())].tolist() + [5, 6, 7]
               for i, p in enumerate(prompts)]
     second = engine.generate(follow, generator=torch.Generator().manual_seed(1))
-    assert second.reused == sum(len(p) + int(first.response_mask[i].sum()) - 1 for i, p in enumerate(prompts))
+    assert second.reused == [len(p) + int(first.response_mask[i].sum()) - 1 for i, p in enumerate(prompts)]
     assert engine.scheduler.prefilled - computed == 2 * (1 + 3)  # the last action token and the observation
     fresh = engine_of(tiny, max_new_tokens=6).generate(follow, generator=torch.Generator().manual_seed(1))
     assert torch.equal(fresh.response_ids, second.response_ids)

@@ -50,6 +50,9 @@ class ScriptedEngine:
         return Generation(prompt_ids, prompt_mask, ids, mask, -0.5 * mask, torch.zeros(len(rows), dtype=torch.bool),
                           [tokenizer.decode(r[:-1]) for r in rows])
 
+    def release(self):
+        pass
+
 
 def tool_tasks(domain):
     train, _ = generate_tool_tasks(60, 0, seed=3)

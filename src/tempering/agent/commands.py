@@ -89,36 +89,46 @@ def cmd_repair(args: argparse.Namespace) -> int:
     import torch
     from prometheus_client import start_http_server
 
-    from tempering.agent.backends import HTTPChat, is_url, load_local
+    from tempering.agent.backends import load_local
     from tempering.agent.monitor import JsonLog, Metrics
     from tempering.agent.repair import RepairSettings, repair
     from tempering.checkpoint import resolve_model
     from tempering.envs import EnvContext
+    from tempering.models.loading import load_tokenizer
+    from tempering.rollout.engine import SamplingParams, make_engine
+    from tempering.rollout.remote import is_url
     from tempering.sandbox import LocalSandbox
 
     tasks = _tasks(args)
     metrics = Metrics()
     alert = _alert(args, metrics)
+    sampling = SamplingParams(args.temperature or 1.0, 1.0, args.max_tokens)
     settings = {}  # a URL's run is unknown: --feedback-chars and --instruction say what it was trained with
+    torch.set_num_threads(args.threads)
     if is_url(args.model):
-        backend = HTTPChat(args.model, model=args.model_name, concurrency=args.concurrency,
-                           insecure_http=args.allow_insecure_http)
+        if not args.tokenizer:
+            raise TemperingError("a URL needs --tokenizer: the served model's tokenizer (a model, checkpoint or run "
+                                 "directory, or a registry name), which renders the episodes' token prompts")
+        tokenizer = load_tokenizer(resolve_model(args.tokenizer))
+        engine = make_engine(args.model, tokenizer, sampling, kind="http", model=args.model_name,
+                             concurrency=args.concurrency, insecure_http=args.allow_insecure_http)
+        max_context = args.max_context or engine.max_context or 1024
     else:
         model_dir = resolve_model(args.model)
         settings = run_settings(model_dir)
-        torch.set_num_threads(args.threads)
-        backend = load_local(model_dir, device=args.device, chat=args.chat_format or settings.get("chat_format", "auto"),
-                             max_context=args.max_context or settings.get("max_context"))
-        backend.name = args.model
+        local = load_local(model_dir, device=args.device, max_context=args.max_context or settings.get("max_context"),
+                           sampling=sampling)
+        engine, max_context = local.engine, local.max_context
     if args.metrics_port:
         start_http_server(args.metrics_port, addr="127.0.0.1", registry=metrics.registry)
     instruction = args.instruction or settings.get("code_instruction")
     with LocalSandbox(workers=2) as sandbox:
         ctx = EnvContext(sandbox, feedback_chars=args.feedback_chars or settings.get("feedback_chars", 400),
                          options={"code_instruction": instruction})
-        report = repair(backend, tasks, ctx, RepairSettings(args.repairs, not args.no_stuck, args.max_tokens,
-                                                            args.temperature, args.seed),
-                        log=JsonLog(args.log), metrics=metrics, alert=alert)
+        report = repair(engine, tasks, ctx, RepairSettings(args.repairs, not args.no_stuck, args.temperature <= 0,
+                                                           args.seed),
+                        max_context=max_context, chat=args.chat_format or settings.get("chat_format", "auto"),
+                        name=args.model, log=JsonLog(args.log), metrics=metrics, alert=alert)
     summary = {"model": args.model, "repairs": args.repairs, **report.summary(),
                "alerts": alert.fired if alert else 0}
     print(json.dumps(summary, indent=1))
@@ -215,6 +225,8 @@ def add_parsers(sub, data) -> None:
     p.add_argument("--feedback-chars", type=int, help="longest feedback (default: the model's run, else 400)")
     p.add_argument("--instruction", help="text put before each prompt (default: the model's run)")
     p.add_argument("--model-name", help="URL backends: the model to ask for (default: the server's first)")
+    p.add_argument("--tokenizer", help="URL backends: the served model's tokenizer (model/run directory or registry "
+                                       "name), which renders the episodes' token prompts")
     p.add_argument("--concurrency", type=int, default=8, help="URL backends: requests in flight")
     p.add_argument("--allow-insecure-http", action="store_true",
                    help="URL backends: send the API key over plain http to a host that is not loopback")

@@ -45,7 +45,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ConfigDict, Field
 
-from tempering.agent.backends import LocalChat
+from tempering.agent.backends import LocalModel
 from tempering.agent.monitor import AlertRule, JsonLog, Metrics
 from tempering.agent.serving import Job, TokenLogprob
 from tempering.errors import TemperingError
@@ -101,8 +101,12 @@ class ChatRequest(_Sampling):
 
 
 class CompletionRequest(_Sampling):
-    prompt: str
+    prompt: str | list[int] = Field(union_mode="left_to_right")
+    """Text, or token ids (OpenAI's and vLLM's completions API take both)."""
     logprobs: int | None = Field(None, ge=0, le=5)
+    return_token_ids: bool = False
+    """vLLM's extension: each choice also carries `token_ids` (its sampled ids, a stop token included)
+    and the response `prompt_token_ids` - what an episode over HTTP appends to its context."""
 
 
 class Refused(Exception):
@@ -209,7 +213,7 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
-def create_app(chat: LocalChat, *, token: str | None = None, log_path: str | None = None,
+def create_app(chat: LocalModel, *, token: str | None = None, log_path: str | None = None,
                alert: AlertRule | None = None, max_batch: int = 32, limits: ServeLimits = ServeLimits()):
     """The ASGI app (behind the sandbox service's token and body-size guard)."""
     from tempering.rollout.generate import encode_prompt
@@ -403,8 +407,15 @@ def create_app(chat: LocalChat, *, token: str | None = None, log_path: str | Non
 
     @app.post("/v1/completions", response_model=None)
     async def completions(body: CompletionRequest, request: Request):
-        jobs = await admitted(request, body, len(body.prompt), body.logprobs,
-                              lambda: encode_prompt(chat.tokenizer, body.prompt))
+        if isinstance(body.prompt, list):
+            vocab = len(chat.tokenizer)
+            if not body.prompt or any(not 0 <= t < vocab for t in body.prompt):
+                raise Refused(400, f"prompt: token ids must be a non-empty list in [0, {vocab})")
+            ids = list(body.prompt)
+            jobs = await admitted(request, body, len(ids), body.logprobs, lambda: ids)
+        else:
+            jobs = await admitted(request, body, len(body.prompt), body.logprobs,
+                                  lambda: encode_prompt(chat.tokenizer, body.prompt))
         rid, now = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
 
         def logprobs(entries: list[TokenLogprob]) -> dict | None:
@@ -417,9 +428,12 @@ def create_app(chat: LocalChat, *, token: str | None = None, log_path: str | Non
                     "text_offset": offsets}
 
         def shape(jobs: list[Job]) -> dict:
-            return {"id": rid, "object": "text_completion", "created": now, "model": chat.name,
+            ids = {"prompt_token_ids": jobs[0].prompt} if body.return_token_ids else {}
+            return {"id": rid, "object": "text_completion", "created": now, "model": chat.name, **ids,
                     "choices": [{"index": i, "text": j.text, "finish_reason": j.finish_reason,
-                                 "logprobs": logprobs(j.token_logprobs)} for i, j in enumerate(jobs)],
+                                 "logprobs": logprobs(j.token_logprobs),
+                                 **({"token_ids": j.ids} if body.return_token_ids else {})}
+                                for i, j in enumerate(jobs)],
                     "usage": totals(jobs)}
 
         def chunk(i: int, text: str | None, entries: list[TokenLogprob], finish: str | None) -> dict:
@@ -441,7 +455,7 @@ def check_exposure(host: str, token: str | None) -> None:
                              f"secret of at least {MIN_TOKEN_CHARS} characters and give it to clients as their API key")
 
 
-def serve(chat: LocalChat, host: str = "127.0.0.1", port: int = 8000, *, token: str | None = None,
+def serve(chat: LocalModel, host: str = "127.0.0.1", port: int = 8000, *, token: str | None = None,
           log_path: str | None = None, alert: AlertRule | None = None, max_batch: int = 32,
           limits: ServeLimits = ServeLimits()) -> None:
     """Serve until interrupted. Refuses a non-loopback address without a token."""

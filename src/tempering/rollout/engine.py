@@ -35,7 +35,7 @@ from torch import Tensor
 
 from tempering.models.forward import response_logprobs
 from tempering.rollout.chat import stop_token_ids
-from tempering.rollout.generate import Generation, left_pad
+from tempering.rollout.generate import Generation, generation_of
 from tempering.rollout.scheduler import Completion, Handle, Request, Scheduler
 
 
@@ -63,6 +63,9 @@ class Engine(Protocol):
                  response_attention: Tensor) -> Tensor: ...
 
     def load_weights(self, state: Mapping[str, Tensor], version: int) -> None: ...
+
+    def release(self) -> None:
+        """Drop what is kept for next turns and free the cache's memory (the episodes are done)."""
 
 
 class LocalEngine:
@@ -138,22 +141,8 @@ class LocalEngine:
         return self._generation(contexts, self.run(handles))
 
     def _generation(self, contexts: list[list[int]], done: list[Completion]) -> Generation:
-        pad = self.tokenizer.pad_token_id
-        prompt_ids, prompt_mask = left_pad(contexts, pad)
-        width = max((len(c.ids) for c in done), default=0)
-        response_ids = torch.full((len(done), width), pad, dtype=torch.long)
-        response_mask = torch.zeros((len(done), width))
-        logprobs = torch.zeros((len(done), width))
-        texts = []
-        for i, c in enumerate(done):
-            response_ids[i, : len(c.ids)] = torch.tensor(c.ids, dtype=torch.long)
-            response_mask[i, : len(c.ids)] = 1.0
-            logprobs[i, : len(c.ids)] = torch.tensor(c.logprobs)
-            ended = c.finish_reason == "stop"
-            texts.append(self.tokenizer.decode(c.ids[:-1] if ended else c.ids, skip_special_tokens=False))
-        truncated = torch.tensor([c.finish_reason != "stop" for c in done])
-        return Generation(prompt_ids, prompt_mask, response_ids, response_mask, logprobs, truncated, texts,
-                          self.version, reused=sum(c.reused for c in done))
+        return generation_of(self.tokenizer, contexts, [c.ids for c in done], [c.logprobs for c in done],
+                             set(self.stop_ids), self.version, [c.reused for c in done])
 
     @torch.no_grad()
     def logprobs(self, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor,
@@ -164,6 +153,13 @@ class LocalEngine:
                                             temperature=self.sampling.temperature)
         return logprobs.cpu()
 
+    def release(self) -> None:
+        """Drop the kept sequences and free the cache's buffers - unless a server's loop is using them."""
+        if self._loop is None:
+            self.scheduler.forget()
+            if not self.scheduler.busy:
+                self.scheduler.cache.clear()
+
     def load_weights(self, state: Mapping[str, Tensor], version: int) -> None:
         """Copy `state` into the model, unless it is the model's own storage (the trainer's policy in this
         process: then there is nothing to copy). Kept caches were computed by the old weights: dropped."""
@@ -172,3 +168,24 @@ class LocalEngine:
             self.model.load_state_dict(state)
         self.version = version
         self.scheduler.forget()
+
+
+ENGINES = ("local", "vllm", "http")
+
+
+def make_engine(source, tokenizer, sampling: SamplingParams = SamplingParams(), *, kind: str = "local",
+                version: int = 0, adapters: bool = True, max_rows: int = 256, **options) -> Engine:
+    """The one way to build an engine. `kind`: `local` (`source` a transformers model in this process),
+    `vllm` (vLLM over `source`, a model directory; the `tempering[vllm]` extra), `http` (`source` the URL of
+    an OpenAI-compatible server; `options` as `remote.HTTPEngine` takes them)."""
+    if kind == "local":
+        return LocalEngine(source, tokenizer, sampling, version=version, adapters=adapters, max_rows=max_rows)
+    if kind == "http":
+        from tempering.rollout.remote import HTTPEngine
+
+        return HTTPEngine(source, tokenizer, sampling, **options)
+    if kind == "vllm":
+        from tempering.rollout.vllm import VLLMEngine
+
+        return VLLMEngine(source, tokenizer, sampling, version=version, **options)
+    raise ValueError(f"unknown engine '{kind}'; known: {', '.join(ENGINES)}")

@@ -8,7 +8,9 @@ prompt's prefill), then the environments step on their actions, a batch per envi
 one once). An episode is one token sequence after its prompt - action, observation, action, ... - in
 which only the actions' tokens are the policy's: `collate` sets `response_mask` on them alone, so
 observation tokens are attended to but never trained on. When the context budget (`max_context` tokens,
-prompt included) is reached the episode ends and is marked truncated.
+prompt included) is reached the episode ends and is marked truncated. A `stop` rule may end an episode
+early (the repair agent's: stuck on the same error). With several turns the engine keeps each finished
+action's cache (`keep`), so the next turn computes only the new tokens (`Turn.computed`).
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ class Episode:
     truncated: bool = False
     """The context budget ended the episode."""
     done: bool = False
+    stopped: str | None = None
+    """Why the `stop` rule ended the episode early (None: it did not)."""
     version: int = 0
     """The policy version that sampled the episode's actions."""
 
@@ -69,9 +73,11 @@ def run_episodes(
     seed: int = 0,
     chat: str = "auto",
     timer: Callable[[str], AbstractContextManager] | None = None,
+    stop: Callable[[Episode], str | None] | None = None,
 ) -> list[Episode]:
     """`group_size` episodes per task (consecutive), each up to `ctx.max_turns` turns, sampled by `engine`.
-    `timer(name)` (optional) times the phases: `gen` (generation) and `reward` (environment steps)."""
+    `timer(name)` (optional) times the phases: `gen` (generation) and `reward` (environment steps).
+    `stop(episode)`, asked after each turn that did not end the episode, may end it with a reason."""
     timer = timer or (lambda name: nullcontext())
     tokenizer, max_new_tokens = engine.tokenizer, engine.sampling.max_new_tokens
     fmt = chat_format(tokenizer, chat)
@@ -91,21 +97,26 @@ def run_episodes(
             running = [(e, room) for e, room in zip(active, rooms) if room > 0]
             if not running:
                 break
+            contexts = [e.prompt_ids + e.ids for e, _ in running]
             with timer("gen"):
-                gen = engine.generate([e.prompt_ids + e.ids for e, _ in running], generator=generator, greedy=greedy,
+                gen = engine.generate(contexts, generator=generator, greedy=greedy, keep=ctx.max_turns > 1,
                                       max_new_tokens=min(max_new_tokens, max(room for _, room in running)))
             actions = [(e, *_record_action(e, gen, row, room, engine, max_new_tokens))
                        for row, (e, room) in enumerate(running)]
             with timer("reward"):
                 steps = _step_all([e.env for e, _, _, _ in actions], [text for _, text, _, _ in actions], pool)
-            for (e, text, ended, n), step in zip(actions, steps):
-                last = step.done or turn == ctx.max_turns - 1 or e.truncated
-                observation = None if last else (step.observation or "")
-                e.turns.append(Turn(text, observation, dict(step.rewards), dict(step.info), ended=ended, tokens=n))
+            for row, ((e, text, ended, n), step) in enumerate(zip(actions, steps)):
+                computed = len(contexts[row]) - (gen.reused[row] if gen.reused else 0)
+                e.turns.append(Turn(text, None, dict(step.rewards), dict(step.info), ended=ended, tokens=n,
+                                    computed=computed))
                 e.version = gen.version
-                if last:
+                last = step.done or turn == ctx.max_turns - 1 or e.truncated
+                if not last and stop is not None:
+                    e.stopped = stop(e)
+                if last or e.stopped:
                     e.done = True
                     continue
+                observation = e.turns[-1].observation = step.observation or ""
                 obs_ids = fmt.observation(e.conversation, text, ended, observation)
                 room = max_context - len(e.prompt_ids) - len(e.ids)
                 if len(obs_ids) >= room:  # the budget is reached inside the observation
@@ -114,6 +125,7 @@ def run_episodes(
                 e.policy += [False] * len(obs_ids)
                 e.logprobs += [0.0] * len(obs_ids)
             active = [e for e in active if not e.done]
+    engine.release()  # what was kept for a next turn is of no use now; its memory goes back
     return episodes
 
 

@@ -40,10 +40,31 @@ class Generation:
     truncated: Tensor        # (B,) bool, True when no stop token came within max_new_tokens
     texts: list[str]         # decoded completions, the stop token and padding removed
     version: int = 0         # the policy version (RL step) whose weights sampled these
-    reused: int = 0          # context tokens whose cache was kept from an earlier turn (not computed again)
+    reused: list[int] | None = None  # per row: context tokens whose cache came from an earlier turn or a
+                                     # group's shared prompt (not computed again)
 
     @property
     def finish_reasons(self) -> list[str]:
         """Per row, as OpenAI-compatible servers say it: `stop` (a stop token sampled) or `length` (budget
         reached)."""
         return ["length" if t else "stop" for t in self.truncated.tolist()]
+
+
+def generation_of(tokenizer, contexts: list[list[int]], responses: list[list[int]], logprobs: list[list[float]] | None,
+                  stops: set[int], version: int, reused: list[int] | None = None) -> Generation:
+    """A batch `Generation` from each context's sampled ids (a stop token last when one ended it)."""
+    pad = tokenizer.pad_token_id
+    prompt_ids, prompt_mask = left_pad(contexts, pad)
+    width = max(map(len, responses), default=0)
+    response_ids = torch.full((len(responses), width), pad, dtype=torch.long)
+    response_mask = torch.zeros((len(responses), width))
+    lp = torch.zeros((len(responses), width))
+    for i, ids in enumerate(responses):
+        response_ids[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+        response_mask[i, : len(ids)] = 1.0
+        if logprobs is not None:
+            lp[i, : len(ids)] = torch.tensor(logprobs[i])
+    ended = [bool(ids) and ids[-1] in stops for ids in responses]
+    texts = [tokenizer.decode(ids[:-1] if e else ids, skip_special_tokens=False) for ids, e in zip(responses, ended)]
+    return Generation(prompt_ids, prompt_mask, response_ids, response_mask, lp, torch.tensor([not e for e in ended]),
+                      texts, version, reused)

@@ -27,6 +27,7 @@ from torch import Tensor
 
 class SlotCache:
     def __init__(self, slots: int = 8, length: int = 256):
+        self.initial = (slots, length)
         self.slots, self.length = slots, length
         self.k: list[Tensor] = []
         self.v: list[Tensor] = []
@@ -79,5 +80,6 @@ class SlotCache:
                 b[dst, :, :length] = b[src, :, :length]
 
     def clear(self) -> None:
-        """Free the buffers (the next forward allocates them again)."""
+        """Free the buffers (the next forward allocates them again, at the starting size)."""
         self.k, self.v = [], []
+        self.slots, self.length = self.initial

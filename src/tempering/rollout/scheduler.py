@@ -32,7 +32,6 @@ from transformers import AttentionInterface
 from tempering.rollout.kvcache import SlotCache
 from tempering.rollout.sampling import Sampled, Uniforms, sample
 
-
 ATTENTION = "tempering_slots"
 
 
@@ -192,12 +191,13 @@ class Scheduler:
 
     def _admit(self) -> None:
         with self.lock:
+            for handle in [h for h in self.waiting if h.cancelled.is_set()]:  # gone before they started
+                self.waiting.remove(handle)
+                self._finish_unstarted(handle, "cancelled")
             new = []
             while self.waiting and len(self.rows) + len(new) < self.max_rows:
                 handle = self.waiting.popleft()
-                if handle.cancelled.is_set():
-                    self._finish_unstarted(handle, "cancelled")
-                elif len(handle.request.prompt) >= self.max_length or handle.request.max_tokens <= 0:
+                if len(handle.request.prompt) >= self.max_length or handle.request.max_tokens <= 0:
                     self._finish_unstarted(handle, "length")
                 else:
                     new.append(handle)
