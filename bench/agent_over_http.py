@@ -41,8 +41,13 @@ def main() -> None:
     p.add_argument("--tasks", required=True)
     p.add_argument("--repairs", type=int, default=3)
     args = p.parse_args()
-    settings = run_settings(args.run_dir)
-    env_args = ["--feedback-chars", str(settings.get("feedback_chars", 400))]
+    from tempering.checkpoint import resolve_model
+
+    settings = run_settings(resolve_model(args.run_dir))
+    env_args = ["--feedback-chars", str(settings.get("feedback_chars", 400)), "--tokenizer", args.run_dir,
+                "--chat-format", settings.get("chat_format", "auto"), "--max-context", str(settings.get("max_context", 1024))]
+    if settings.get("code_instruction"):
+        env_args += ["--instruction", settings["code_instruction"]]
     local, local_s = repair_cli(args.run_dir, args.tasks, args.repairs, [])
 
     with socket.socket() as s:
@@ -83,7 +88,7 @@ def main() -> None:
 
     print(f"{'arm':<26} {'single-shot':>11} {'w/ repairs':>10} {'stuck':>6} {'wall s':>7}")
     for name, r, s in (("agent, in-process", local, local_s), ("agent over HTTP (serve)", remote, remote_s)):
-        print(f"{name:<26} {r['pass@1_single_shot']:>11.1%} {r['pass@1_with_repairs']:>10.1%} "
+        print(f"{name:<26} {r['first_turn_pass@1']:>11.1%} {r['pass@1']:>10.1%} "
               f"{r['stuck_rate']:>6.1%} {s:>7.1f}")
     print(f"{'openai client, one shot':<26} {openai_pass:>11.1%} {'':>10} {'':>6} {openai_s:>7.1f}")
 

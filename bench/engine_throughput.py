@@ -24,7 +24,7 @@ from tempering.checkpoint import resolve_model
 from tempering.data.benchmarks import humaneval_tasks
 from tempering.models.loading import load_model, load_tokenizer
 from tempering.rollout.chat import chat_format
-from tempering.rollout.engine import LocalEngine, SamplingParams
+from tempering.rollout.engine import LocalEngine, SamplingParams, make_engine
 
 VLLM_ARM = r"""
 import json, sys, time
@@ -91,7 +91,7 @@ def main() -> None:
     model, tokenizer = load_model(model_dir).eval(), load_tokenizer(model_dir)
     fmt = chat_format(tokenizer, "auto")
     tasks = humaneval_tasks()
-    engine = LocalEngine(model, tokenizer)
+    engine = make_engine(model, tokenizer)
     stops, pad = list(engine.stop_ids), tokenizer.pad_token_id
     engine_arm(engine, [fmt.start(tasks[-1].prompt)[0]], 2, 8)  # warm-up
     print(f"{'P':>2} {'max_new':>7} {'arm':<8} {'tokens':>7} {'wall s':>7} {'tok/s':>7} {'vs HF':>6}")

@@ -34,7 +34,7 @@ def cross_eval(models: dict[str, Path], heldout: Path, samples: int) -> dict[str
     from tempering.envs import EnvContext
     from tempering.eval.evaluate import evaluate
     from tempering.models.loading import load_model, load_tokenizer
-    from tempering.rollout.engine import LocalEngine, SamplingParams
+    from tempering.rollout.engine import SamplingParams, make_engine
     from tempering.workspace import make_sandbox
 
     cfg = load_config(ROOT / CONFIG)
@@ -43,7 +43,7 @@ def cross_eval(models: dict[str, Path], heldout: Path, samples: int) -> dict[str
     out: dict[str, dict[str, dict]] = {}
     with make_sandbox(cfg) as sandbox:
         for name, path in models.items():
-            engine = LocalEngine(load_model(path), load_tokenizer(path),
+            engine = make_engine(load_model(path), load_tokenizer(path),
                                  SamplingParams(1.0, 1.0, cfg.rollout.max_new_tokens))
             out[name] = {}
             for turns in (1, 3):

@@ -20,7 +20,7 @@ until curl -sf "http://127.0.0.1:$PORT/health" >/dev/null; do sleep 0.5; done
 #    attempt is a JSON line in attempts.jsonl; /metrics on the server counts requests and latencies.
 [ -f "$PROD/traffic/heldout.jsonl" ] || "$BIN/tempering" data generate --out "$PROD/traffic" --seed 4321 \
     --num-train 1 --num-heldout 400
-"$BIN/tempering" repair "http://127.0.0.1:$PORT/v1" --tasks "$PROD/traffic/heldout.jsonl" \
+"$BIN/tempering" repair "http://127.0.0.1:$PORT/v1" --tokenizer "$MODEL" --tasks "$PROD/traffic/heldout.jsonl" \
     --log "$PROD/attempts.jsonl" --out "$PROD/before.json"
 curl -s "http://127.0.0.1:$PORT/metrics" | grep -E '^tempering_(requests_total|completion_tokens_total)' || true
 kill $SERVER; wait $SERVER 2>/dev/null || true
