@@ -53,11 +53,10 @@ def test_sampler_logprobs_match_the_training_forward_pass(tiny, tasks, temperatu
     gen = engine_of(tiny, temperature=temperature, top_p=top_p, max_new_tokens=10).generate(
         grouped, generator=torch.Generator().manual_seed(1))
     assert len({tuple(r) for r in gen.response_ids.tolist()}) > 3  # samples of a group differ
-    for share in (True, False):
-        with torch.no_grad():
-            recomputed, _ = response_logprobs(model, gen.prompt_ids, gen.prompt_mask, gen.response_ids,
-                                              gen.response_mask, temperature=temperature, share_prompts=share)
-        torch.testing.assert_close(recomputed * gen.response_mask, gen.logprobs, atol=2e-5, rtol=1e-5)
+    with torch.no_grad():
+        recomputed, _ = response_logprobs(model, gen.prompt_ids, gen.prompt_mask, gen.response_ids,
+                                          gen.response_mask, temperature=temperature)
+    torch.testing.assert_close(recomputed * gen.response_mask, gen.logprobs, atol=2e-5, rtol=1e-5)
 
 
 def test_seeded_generation_is_repeatable_and_seeds_differ(tiny, tasks):

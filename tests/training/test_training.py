@@ -80,18 +80,47 @@ def test_schedule_warmup_then_constant_or_cosine():
     assert lrs[4] > lrs[9] >= 0.1
 
 
-def test_shared_prompt_forward_has_the_gradients_of_the_full_pass(tiny, tasks):
+def plain_logprobs(model, batch, temperature=1.0):
+    """The reference: each row alone, prompt + response as one unpadded sequence, full logits."""
+    rows = []
+    for i in range(len(batch.prompt_ids)):
+        prompt = batch.prompt_ids[i][batch.prompt_mask[i].bool()]
+        n = int(batch.response_mask[i].sum())
+        ids = torch.cat([prompt, batch.response_ids[i, :n]])
+        logp = torch.log_softmax(model(input_ids=ids[None]).logits[0].float() / temperature, -1)
+        lp = logp[len(prompt) - 1: len(prompt) - 1 + n].gather(-1, ids[len(prompt):, None]).squeeze(-1)
+        ent = -(logp.exp() * logp).sum(-1)[len(prompt) - 1: len(prompt) - 1 + n]
+        rows.append((torch.nn.functional.pad(lp, (0, batch.response_ids.shape[1] - n)),
+                     torch.nn.functional.pad(ent, (0, batch.response_ids.shape[1] - n))))
+    return torch.stack([r[0] for r in rows]), torch.stack([r[1] for r in rows])
+
+
+def test_the_packed_forward_has_the_values_and_gradients_of_the_plain_per_row_pass(tiny, tasks):
+    """Rows sharing a prompt run as one packed sequence, logits in checkpointed chunks: the same log-probs,
+    entropies and gradients as each row alone (several groups, responses of different lengths)."""
+    from tempering.models import forward
+
     model, tokenizer = tiny
     batch = make_batch(model, tokenizer, tasks[0][:3], [1.0, 0.0, 0.0, 1.0, 0.5, 0.0])
-    grads = []
-    for share in (False, True):
+    for i, n in enumerate([6, 3, 5, 2, 6, 4]):  # responses of different lengths
+        batch.response_mask[i, n:] = 0.0
+    grads, values = [], []
+    for packed in (False, True):
         model.zero_grad(set_to_none=True)
-        lp, ent = response_logprobs(model, batch.prompt_ids, batch.prompt_mask, batch.response_ids,
-                                    batch.response_mask, with_entropy=True, share_prompts=share)
-        ((lp * batch.advantages).sum() + 0.1 * (ent * batch.response_mask).sum()).backward()
+        if packed:
+            forward.CHUNK, chunk = 5, forward.CHUNK  # several chunks, each recomputed in the backward pass
+            lp, ent = response_logprobs(model, batch.prompt_ids, batch.prompt_mask, batch.response_ids,
+                                        batch.response_mask, with_entropy=True)
+            forward.CHUNK = chunk
+        else:
+            lp, ent = plain_logprobs(model, batch)
+        mask = batch.response_mask
+        ((lp * batch.advantages * mask).sum() + 0.1 * (ent * mask).sum()).backward()
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+        values.append((lp.detach() * mask, ent.detach() * mask))
     assert grads[0].abs().max() > 0
-    torch.testing.assert_close(grads[1], grads[0], atol=1e-4, rtol=1e-3)
+    torch.testing.assert_close(values[1], values[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(grads[1], grads[0], atol=1e-5, rtol=1e-4)
 
 
 def test_with_dropout_in_the_model_the_ratio_is_one_before_the_first_step(tiny_model_dir, tasks):

@@ -36,7 +36,7 @@ def update_policy(
 ) -> dict[str, float]:
     """Run `ppo_epochs` x `minibatches` optimizer steps; returns the mean of each metric over them.
     `gradient_checkpointing` recomputes activations in the backward pass, for this update only (sampling
-    keeps its KV cache); each row then runs its own prompt, as sharing a prompt's cache needs a cache."""
+    keeps its KV cache). Rows that share a prompt are one packed sequence either way (`models.forward`)."""
     assert batch.advantages is not None, "compute advantages before the update"
     if gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -51,7 +51,7 @@ def update_policy(
             mask = mb.response_mask
             logprobs, entropy = response_logprobs(
                 model, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.attention,
-                temperature=temperature, with_entropy=True, share_prompts=not gradient_checkpointing,
+                temperature=temperature, with_entropy=True,
             )
             pg_loss, pg_metrics = policy_loss(
                 LossInputs(logprobs, mb.old_logprobs, mb.advantages, mask),
