@@ -105,13 +105,14 @@ def test_the_packed_forward_has_the_values_and_gradients_of_the_plain_per_row_pa
     for i, n in enumerate([6, 3, 5, 2, 6, 4]):  # responses of different lengths
         batch.response_mask[i, n:] = 0.0
     grads, values = [], []
-    for packed in (False, True):
+    for pack in (None, 4096, 10):  # the reference; groups packed; groups too long to pack (rows alone)
         model.zero_grad(set_to_none=True)
-        if packed:
-            forward.CHUNK, chunk = 5, forward.CHUNK  # several chunks, each recomputed in the backward pass
+        if pack:
+            saved = forward.CHUNK, forward.PACK
+            forward.CHUNK, forward.PACK = 5, pack  # several chunks, each recomputed in the backward pass
             lp, ent = response_logprobs(model, batch.prompt_ids, batch.prompt_mask, batch.response_ids,
                                         batch.response_mask, with_entropy=True)
-            forward.CHUNK = chunk
+            forward.CHUNK, forward.PACK = saved
         else:
             lp, ent = plain_logprobs(model, batch)
         mask = batch.response_mask
@@ -119,8 +120,9 @@ def test_the_packed_forward_has_the_values_and_gradients_of_the_plain_per_row_pa
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
         values.append((lp.detach() * mask, ent.detach() * mask))
     assert grads[0].abs().max() > 0
-    torch.testing.assert_close(values[1], values[0], atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(grads[1], grads[0], atol=1e-5, rtol=1e-4)
+    for k in (1, 2):
+        torch.testing.assert_close(values[k], values[0], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(grads[k], grads[0], atol=1e-5, rtol=1e-4)
 
 
 def test_with_dropout_in_the_model_the_ratio_is_one_before_the_first_step(tiny_model_dir, tasks):

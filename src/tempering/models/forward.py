@@ -100,42 +100,64 @@ def response_hidden_states(decoder, prompt_ids: Tensor, prompt_mask: Tensor, res
                            response_attention: Tensor) -> Tensor:
     """Last hidden state of a decoder (`get_decoder()`, or a critic's `AutoModel` backbone) at the R
     positions that predict the response tokens - the state before each token, which the output head or a
-    value head reads. Rows that share a prompt run as one packed sequence (module docstring). (B, R, H)"""
+    value head reads. Rows that share a prompt run as one packed sequence while it stays within `PACK`
+    tokens (its block mask is quadratic in length); a longer group's rows run one by one, plainly causal
+    (attention memory linear in length). (B, R, H)"""
     prompt_ids, prompt_mask, response_ids, response_attention = on_device(
         decoder, prompt_ids, prompt_mask, response_ids, response_attention)
     b, r = response_ids.shape
     first, inverse = distinct_rows(prompt_ids)
     p_lens = prompt_mask.sum(1).tolist()
     r_lens = response_attention.sum(1).long().tolist()
-    groups = [[i for i in range(b) if int(inverse[i]) == g] for g in range(len(first))]
-    seqs, pos, owner, lengths = [], [], [], []   # per packed row: ids, positions, segment owner (-1 = prompt)
-    where = torch.zeros((b, r), dtype=torch.long)  # flat index (row * L + position) predicting each token
-    width = max(p_lens[int(first[g])] + sum(r_lens[i] for i in rows) for g, rows in enumerate(groups))
-    for g, rows in enumerate(groups):
+    packed, alone = [], []
+    for g in range(len(first)):
+        rows = (inverse == g).nonzero().squeeze(1).tolist()
         p = p_lens[int(first[g])]
-        ids = prompt_ids[int(first[g]), prompt_ids.shape[1] - p:].tolist()
-        positions, segment = list(range(p)), [-1] * p
+        (packed.append((p, rows)) if p + sum(r_lens[i] for i in rows) <= PACK else alone.extend(rows))
+    out = None
+    for rows, hidden, where in _packed(decoder, prompt_ids, response_ids, packed, r_lens) if packed else []:
+        out = hidden.new_zeros(b, r, hidden.shape[-1]) if out is None else out
+        for i, index in zip(rows, where):
+            out[i, : len(index)] = hidden[index]
+    for i in alone:
+        p, n = p_lens[i], r_lens[i]
+        ids = torch.cat([prompt_ids[i, prompt_ids.shape[1] - p:], response_ids[i, :n]])[None]
+        hidden = decoder(input_ids=ids).last_hidden_state[0]                   # (P + n, H), plainly causal
+        out = hidden.new_zeros(b, r, hidden.shape[-1]) if out is None else out
+        out[i, :n] = hidden[p - 1: p - 1 + n]
+    return out
+
+
+PACK = 4096
+"""Longest packed sequence (prompt + its group's responses), in tokens."""
+
+
+def _packed(decoder, prompt_ids: Tensor, response_ids: Tensor, groups: list[tuple[int, list[int]]],
+            r_lens: list[int]):
+    """One forward over the groups, each a packed row: yields (its rows, the row's hidden states (L, H),
+    for each of its rows the indices of the states that predict its tokens)."""
+    width = max(p + sum(r_lens[i] for i in rows) for p, rows in groups)
+    seqs, pos, owner, wheres = [], [], [], []
+    for p, rows in groups:
+        ids = prompt_ids[rows[0], prompt_ids.shape[1] - p:].tolist()
+        positions, segment, where = list(range(p)), [-1] * p, []
         for i in rows:
-            n = r_lens[i]
-            start = len(ids)
+            n, start = r_lens[i], len(ids)
             ids += response_ids[i, :n].tolist()
-            positions += list(range(p, p + n))
+            positions += range(p, p + n)
             segment += [i] * n
-            # Token t is predicted by the state before it: the prompt's last token for t = 0.
-            before = [p - 1] + list(range(start, start + n - 1))
-            if n:
-                where[i, :n] = torch.tensor(before, dtype=torch.long) + g * width
-        lengths.append(len(ids))
-        seqs.append(ids + [0] * (width - len(ids)))
-        pos.append(positions + [0] * (width - len(ids)))
-        owner.append(segment + [-2] * (width - len(ids)))
+            where.append([p - 1, *range(start, start + n - 1)][:n])  # the state before each token
+        pad = width - len(ids)
+        seqs.append(ids + [0] * pad)
+        pos.append(positions + [0] * pad)
+        owner.append(segment + [-2] * pad)
+        wheres.append(where)
     device = prompt_ids.device
-    ids = torch.tensor(seqs, device=device)                                     # (G, L)
-    positions = torch.tensor(pos, device=device)
-    seg = torch.tensor(owner, device=device)
+    ids, positions, seg = (torch.tensor(x, device=device) for x in (seqs, pos, owner))       # (G, L)
     causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()
-    visible = (seg[:, None, :] == -1) | (seg[:, None, :] == seg[:, :, None])    # prompt, or its own response
-    mask = (causal[None] & visible & (seg[:, None, :] != -2) & (seg[:, :, None] != -2))[:, None]   # (G, 1, L, L)
-    mask = mask | torch.eye(width, dtype=torch.bool, device=device)[None, None]  # padding attends to itself
-    hidden = decoder(input_ids=ids, attention_mask=mask, position_ids=positions).last_hidden_state  # (G, L, H)
-    return hidden.reshape(len(groups) * width, -1)[where.to(device).reshape(-1)].reshape(b, r, -1)
+    visible = (seg[:, None, :] == -1) | (seg[:, None, :] == seg[:, :, None])    # the prompt, or its own response
+    real = (seg[:, None, :] != -2) & (seg[:, :, None] != -2)
+    mask = (causal[None] & visible & real) | torch.eye(width, dtype=torch.bool, device=device)[None]  # (G, L, L)
+    hidden = decoder(input_ids=ids, attention_mask=mask[:, None], position_ids=positions).last_hidden_state
+    for (_, rows), h, where in zip(groups, hidden, wheres):
+        yield rows, h, [torch.tensor(w, dtype=torch.long, device=device) for w in where]
