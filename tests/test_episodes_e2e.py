@@ -28,6 +28,9 @@ def test_a_tool_use_run_trains_on_episodes(tmp_path):
                for t in s["turns"])
     summary = json.loads((run_dir / "summary.json").read_text())
     assert "heldout_first_turn_pass@1_after" in summary
+    # Each later turn computed only its new tokens (the last action token and the tool's answer).
+    later = [r for r in rows if "rollout/prefill_tokens_per_turn" in r]
+    assert later and all(r["rollout/prefill_tokens_per_turn"] == r["rollout/new_tokens_per_turn"] for r in later)
 
 
 @pytest.fixture(scope="module")

@@ -72,7 +72,10 @@ class RLTrainer:
                                         penalty=r.penalty, step_fn=r.step_fn)
         self.ctx = env_context(cfg, sandbox, self.reward_fn.needs)
         sampling = SamplingParams(cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.max_new_tokens)
-        self.engine = make_engine(state.policy, state.tokenizer, sampling, kind=cfg.rollout.engine, version=state.step)
+        lora = cfg.model.lora
+        vllm = {"lora_scaling": lora.alpha / lora.r if lora.r else None} if cfg.rollout.engine == "vllm" else {}
+        self.engine = make_engine(state.policy, state.tokenizer, sampling, kind=cfg.rollout.engine, version=state.step,
+                                  **vllm)
         ref, adapters = (state.ref, True) if state.ref is not None else (state.policy, False)  # LoRA: the base
         self.ref = make_engine(ref, state.tokenizer, sampling, adapters=adapters) if algo.kl_coef > 0 else None
         self.stop_signal: str | None = None

@@ -216,7 +216,9 @@ class Scheduler:
             row = _Row(handle, [], Uniforms(req.seed), min(req.max_tokens, self.max_length - len(req.prompt)))
             source = by_context.setdefault(tuple(req.prompt), row)
             (distinct.append(row) if source is row else copies.append((row, source)))
-        self.cache.ensure(n + len(handles), max(len(h.request.prompt) for h in handles) + 1)
+        # Room for every new row's whole sequence now: no growth (a copy of the buffers) while it decodes.
+        self.cache.ensure(n + len(handles), max(len(r.handle.request.prompt) + r.budget
+                                                for r in distinct + [row for row, _ in copies]) + 1)
         beyond = n + len(handles)
         for slot, row in enumerate(distinct, n):
             self._take_slot(slot, beyond)
@@ -332,6 +334,9 @@ class Scheduler:
         last = len(self.rows) - 1
         if row.handle.request.keep and reason != "cancelled":
             free = self._free_slot(len(self.rows))
+            if free is None and len(self.kept) < self.max_rows:  # room for as many kept as running rows
+                self.cache.ensure(self.cache.slots + 1, self.cache.length)
+                free = self._free_slot(len(self.rows))
             if free is None and self.kept:
                 free = self.kept.pop(0).slot
             if free is not None:

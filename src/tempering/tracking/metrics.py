@@ -38,11 +38,21 @@ def rollout_metrics(episodes: list[Episode], rewards: list[RewardResult], batch:
     for e, r in zip(episodes, scores.tolist()):
         by_domain.setdefault(e.task.domain, []).append(r)
     m.update({f"reward/{d}/mean": sum(v) / len(v) for d, v in sorted(by_domain.items())})
+    later = [(e, k) for e in episodes for k in range(1, len(e.turns))]
+    if later:  # a turn after the first: the engine computes only what its cache lacks
+        m["rollout/prefill_tokens_per_turn"] = sum(e.turns[k].computed for e, k in later) / len(later)
+        m["rollout/new_tokens_per_turn"] = sum(_new_tokens(e, k) for e, k in later) / len(later)
     statuses = Counter(e.turns[-1].info["status"] for e in episodes if e.turns and "status" in e.turns[-1].info)
     for status in EXEC_STATUSES:
         if statuses[status]:
             m[f"sandbox/status/{status}"] = statuses[status] / n
     return m
+
+
+def _new_tokens(e: Episode, k: int) -> int:
+    """Context tokens that turn k adds to what sampled turn k-1: that action's last token (sampled, so never
+    computed) and the observation after it."""
+    return e.turn_ends[k] + 1 - e.turns[k].tokens - e.turn_ends[k - 1]
 
 
 def sample_rows(episodes: list[Episode], rewards: list[RewardResult], batch: RolloutBatch) -> list[dict]:
