@@ -48,8 +48,9 @@ class SlotCache:
         and values attention reads (B, H, width, D), views into the buffers."""
         if layer_idx == len(self.k):  # the first forward allocates, in the model's own shapes and dtype
             shape = (self.slots, key.shape[1], self.length, key.shape[3])
-            self.k.append(torch.empty(shape, dtype=key.dtype, device=key.device))  # unwritten positions are masked
-            self.v.append(torch.empty(shape, dtype=value.dtype, device=value.device))
+            # Zeros, not empty: a masked position weighs 0 in attention, and 0 x NaN from stale memory is NaN.
+            self.k.append(torch.zeros(shape, dtype=key.dtype, device=key.device))
+            self.v.append(torch.zeros(shape, dtype=value.dtype, device=value.device))
         k, v = self.k[layer_idx], self.v[layer_idx]
         k[self._rows, :, self.write] = key.transpose(1, 2)          # (B, T, H, D) into (slot, :, position)
         v[self._rows, :, self.write] = value.transpose(1, 2)
@@ -66,7 +67,7 @@ class SlotCache:
             new_length *= 2
         for buffers in (self.k, self.v):
             for i, old in enumerate(buffers):
-                new = old.new_empty((new_slots, old.shape[1], new_length, old.shape[3]))
+                new = old.new_zeros((new_slots, old.shape[1], new_length, old.shape[3]))
                 new[: self.slots, :, : self.length] = old
                 buffers[i] = new
         self.slots, self.length = new_slots, new_length
