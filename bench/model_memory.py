@@ -1,7 +1,12 @@
 """Peak memory and time of one policy update of a real model: LoRA vs full fine-tuning, float32 vs bfloat16,
-gradient checkpointing on and off - the same batch for every arm.
+gradient checkpointing on and off - the same batch for every arm; and, with `--curve`, peak memory and
+update time against response length (LoRA, float32, checkpointing on and off).
 
     .venv/bin/python bench/model_memory.py [--model smollm2-135m-instruct] [--rows 8] [--prompt 256] [--response 128]
+    .venv/bin/python bench/model_memory.py --curve [--lengths 256 512 1024 2048 4096 7936] [--rows 4]
+
+The curve's rows share one prompt (a group), so the update packs them into one sequence while it fits
+(`models.forward.PACK`) and runs them one by one beyond; log-probs and entropy are computed in chunks.
 
 Each arm runs in its own process (peak resident memory only grows), loads the model, does one warm-up
 update and `--repeats` timed ones (PPO-clip, 2 minibatches, random advantages), and reports the mean
@@ -43,8 +48,9 @@ def run_arm(args: argparse.Namespace) -> dict:
         model = add_adapters(model, path, r=16, alpha=32, dropout=0.0, target_modules="all-linear")
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     b, p, r, vocab = args.rows, args.prompt, args.response, model.config.vocab_size
+    prompt = torch.randint(0, vocab, (1, p)).expand(b, p) if args.shared else torch.randint(0, vocab, (b, p))
     batch = RolloutBatch(
-        prompt_ids=torch.randint(0, vocab, (b, p)), prompt_mask=torch.ones(b, p, dtype=torch.long),
+        prompt_ids=prompt.contiguous(), prompt_mask=torch.ones(b, p, dtype=torch.long),
         response_ids=torch.randint(0, vocab, (b, r)), response_mask=torch.ones(b, r),
         old_logprobs=torch.full((b, r), -2.0), rewards=torch.randn(b), group_ids=torch.arange(b) // 4)
     batch.advantages = torch.randn(b, 1).expand(b, r).contiguous()
@@ -53,11 +59,12 @@ def run_arm(args: argparse.Namespace) -> dict:
     for i in range(args.repeats + 1):
         start = time.perf_counter()
         update_policy(model, optimizer, batch, policy_loss=POLICY_LOSSES["ppo_clip"],
-                      generator=torch.Generator().manual_seed(i), minibatches=2,
+                      generator=torch.Generator().manual_seed(i), minibatches=args.minibatches,
                       gradient_checkpointing=args.checkpointing)
         times.append(time.perf_counter() - start)
     seconds = sum(times[1:]) / args.repeats
     return {"mode": args.mode, "dtype": args.dtype, "checkpointing": args.checkpointing, "trainable": trainable,
+            "response": r,
             "update_s": seconds, "tokens_per_s": b * r / seconds,
             "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
 
@@ -70,12 +77,19 @@ def main() -> None:
     parser.add_argument("--response", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--minibatches", type=int, default=2)
+    parser.add_argument("--curve", action="store_true", help="peak memory and time against response length")
+    parser.add_argument("--lengths", type=int, nargs="+", default=[256, 512, 1024, 2048, 4096, 7936])
+    parser.add_argument("--shared", action="store_true", help=argparse.SUPPRESS)  # the rows share one prompt
     parser.add_argument("--arm", help=argparse.SUPPRESS)  # mode,dtype,checkpointing: run one arm, print JSON
     args = parser.parse_args()
     if args.arm:
         mode, dtype, ckpt = args.arm.split(",")
         args.mode, args.dtype, args.checkpointing = mode, dtype, ckpt == "1"
         print(json.dumps(run_arm(args)))
+        return
+    if args.curve:
+        curve(args)
         return
     rows = []
     for mode, dtype, ckpt in ARMS:
@@ -93,6 +107,26 @@ def main() -> None:
         print(f"{r['mode']:<5} {r['dtype']:<9} {'on' if r['checkpointing'] else 'off':<4} {r['trainable']:>11,} "
               f"{r['update_s']:>9.2f} {r['tokens_per_s']:>7.1f} {r['peak_rss_gb']:>8.2f} "
               f"{r['update_s'] / base['update_s']:>7.2f} {r['peak_rss_gb'] / base['peak_rss_gb']:>6.2f}")
+
+
+def curve(args: argparse.Namespace) -> None:
+    print(f"{args.model} + LoRA r=16, float32: one update of {args.rows} rows sharing a {args.prompt}-token prompt, "
+          f"1 minibatch, {args.threads} threads")
+    print(f"{'response':>8} {'ckpt':<4} {'update s':>9} {'tok/s':>7} {'peak GB':>8}")
+    for length in args.lengths:
+        # Without checkpointing every layer's activations are kept: past 2k tokens a row that is more than this
+        # machine's memory (24 GB), so those points are not run.
+        for ckpt in (True, False) if length <= 2048 else (True,):
+            cmd = [sys.executable, __file__, f"--arm=lora,float32,{int(ckpt)}", f"--model={args.model}", "--shared",
+                   f"--rows={args.rows}", f"--prompt={args.prompt}", f"--response={length}", "--minibatches=1",
+                   "--repeats=1", f"--threads={args.threads}"]
+            done = subprocess.run(cmd, capture_output=True, text=True)
+            if done.returncode != 0:
+                print(f"{length:>8} {'on' if ckpt else 'off':<4} failed: {done.stderr.strip()[-200:]}", flush=True)
+                continue
+            r = json.loads(done.stdout.strip().splitlines()[-1])
+            print(f"{length:>8} {'on' if ckpt else 'off':<4} {r['update_s']:>9.1f} {r['tokens_per_s']:>7.1f} "
+                  f"{r['peak_rss_gb']:>8.2f}", flush=True)
 
 
 if __name__ == "__main__":
