@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-CHUNK = 1024
+CHUNK = 256
 """Tokens whose logits exist at once (in the forward and, recomputed, in the backward pass)."""
 
 

@@ -37,12 +37,16 @@ ATTENTION = "tempering_slots"
 
 def slot_attention(module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor, scaling: float,
                    dropout: float = 0.0, softcap: float | None = None, **kwargs) -> tuple[Tensor, None]:
-    """Attention over the slot cache, the heads that share a key/value head batched together (no copy of
-    the keys per query head, unlike `repeat_kv`; faster than SDPA's CPU kernel for a few query tokens over
-    a long cache: measured 14 vs 22 ms of a 32-row SmolLM2 decode step).
+    """Attention over the slot cache. A decode step (one query token) batches the heads that share a
+    key/value head together (no copy of the keys per query head, unlike `repeat_kv`; faster than SDPA's
+    CPU kernel there: measured 14 vs 22 ms of a 32-row SmolLM2 decode step); a prefill chunk uses SDPA.
 
     query (B, H, T, D), key and value (B, Hkv, W, D), attention_mask (B, 1, T, W) bool -> (B, T, H, D)."""
     b, h, t, d = query.shape
+    if t > 1 and not softcap:  # prefill: the fused kernel (it does not materialise T x W scores)
+        out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
+                                                               scale=scaling, enable_gqa=True)
+        return out.transpose(1, 2), None
     groups = h // key.shape[1]
     q = query.reshape(b, key.shape[1], groups * t, d)                          # (B, Hkv, G*T, D)
     scores = torch.matmul(q, key.transpose(-1, -2)) * scaling                  # (B, Hkv, G*T, W)
@@ -131,12 +135,10 @@ class _Kept:
 class Scheduler:
     def __init__(self, model, stop_ids: tuple[int, ...], *, max_rows: int = 256, max_length: int | None = None,
                  prefill_chunk: int = 512, version: Callable[[], int] = lambda: 0):
-        base = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft: its LoRA layers stay in
-        self.model, self.decoder, self.head, self.config = model, base.get_decoder(), base.get_output_embeddings(), \
-            base.config
+        self.use(model)
         self.stops = set(stop_ids)
         self.max_rows, self.prefill_chunk, self.version = max_rows, prefill_chunk, version
-        limit = getattr(base.config, "max_position_embeddings", None) or getattr(base.config, "n_positions", None)
+        limit = getattr(self.config, "max_position_embeddings", None) or getattr(self.config, "n_positions", None)
         self.max_length = max_length or limit or 1 << 20
         self.cache = SlotCache()
         self.waiting: deque[Handle] = deque()
@@ -146,6 +148,12 @@ class Scheduler:
         self.prefilled = 0             # prompt tokens computed (for metrics: reuse shows as fewer)
         self.on_step: Callable[[int], None] = lambda rows: None
         """Hears the number of rows of each decode step (a server's batch-size metric)."""
+
+    def use(self, model) -> None:
+        """Sample with `model` from now on (the same weights' merged copy, say; kept caches stay valid)."""
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft: its LoRA layers stay in
+        self.model, self.decoder, self.head, self.config = model, base.get_decoder(), base.get_output_embeddings(), \
+            base.config
 
     # ------------------------------------------------------------------------------------ requests
 
