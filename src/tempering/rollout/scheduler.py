@@ -151,9 +151,13 @@ class Scheduler:
 
     def use(self, model) -> None:
         """Sample with `model` from now on (the same weights' merged copy, say; kept caches stay valid)."""
+        import inspect
+
         base = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft: its LoRA layers stay in
         self.model, self.decoder, self.head, self.config = model, base.get_decoder(), base.get_output_embeddings(), \
             base.config
+        # transformers renamed the decoder's cache argument (past_key_values -> cache, 5.2x): use the model's own
+        self._cache_arg = "cache" if "cache" in inspect.signature(self.decoder.forward).parameters else "past_key_values"
 
     # ------------------------------------------------------------------------------------ requests
 
@@ -304,8 +308,8 @@ class Scheduler:
         """The decoder's last hidden states (B, T, H) for tokens `ids` at `positions` of slots [lo, lo + B),
         attending where `mask` (B, 1, T, width) is true; their keys and values go into the cache."""
         self.cache.set_batch(lo, lo + len(ids), positions, mask.shape[-1])
-        return self.decoder(input_ids=ids, attention_mask=mask, position_ids=positions, cache=self.cache,
-                            use_cache=True).last_hidden_state
+        return self.decoder(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
+                            **{self._cache_arg: self.cache}).last_hidden_state
 
     def _logits(self, hidden: Tensor) -> Tensor:
         logits = self.head(hidden)
