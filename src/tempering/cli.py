@@ -83,7 +83,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from tempering.data import load_tasks
     from tempering.envs import EnvContext
     from tempering.eval.evaluate import evaluate
-    from tempering.models.loading import load_model, load_tokenizer, resolve_device
+    from tempering.models.loading import compute_dtype, load_model, load_tokenizer, resolve_device
     from tempering.rollout.engine import SamplingParams, make_engine
     from tempering.sandbox import LocalSandbox
 
@@ -97,9 +97,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise TemperingError(f"--k {max(ks)} needs --samples >= {max(ks)}")
     device = resolve_device(args.device, "--device")
     torch.set_num_threads(args.threads)
+    compute = compute_dtype(args.compute, device, "--compute")
     model = load_model(model_dir, device=device)
     tokenizer = load_tokenizer(model_dir)
-    engine = make_engine(model, tokenizer, SamplingParams(args.temperature, 1.0, args.max_new_tokens))
+    engine = make_engine(model, tokenizer, SamplingParams(args.temperature, 1.0, args.max_new_tokens),
+                         dtype=compute if compute != torch.float32 else None)
     with LocalSandbox(workers=2) as sandbox:
         # pass@k of the final attempt; with --turns > 1 also first_turn_pass@1 (feedback between attempts).
         ctx = EnvContext(sandbox, max_turns=args.turns, options={"code_instruction": args.instruction})
@@ -280,6 +282,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda, cuda:1, mps")
+    p.add_argument("--compute", default="float32", choices=["float32", "bfloat16", "auto"],
+                   help="sampling precision (model.compute): bfloat16 samples from a bf16 copy; auto where faster")
     p.add_argument("--out", help="write the report as JSON here")
     p.set_defaults(fn=cmd_eval)
 

@@ -30,6 +30,7 @@ from tempering.config import RunConfig
 from tempering.envs import env_context
 from tempering.errors import Preempted
 from tempering.eval.evaluate import validation_metrics
+from tempering.models.loading import compute_dtype
 from tempering.rewards import RewardFunction
 from tempering.rollout.batch import RolloutBatch, collate, concat_batches
 from tempering.rollout.engine import SamplingParams, make_engine
@@ -74,8 +75,10 @@ class RLTrainer:
         sampling = SamplingParams(cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.max_new_tokens)
         lora = cfg.model.lora
         vllm = {"lora_scaling": lora.alpha / lora.r if lora.r else None} if cfg.rollout.engine == "vllm" else {}
+        self.compute = compute_dtype(cfg.model.compute, cfg.run.device)
+        mixed = self.compute if self.compute != torch.float32 else None
         self.engine = make_engine(state.policy, state.tokenizer, sampling, kind=cfg.rollout.engine, version=state.step,
-                                  **vllm)
+                                  **({"dtype": mixed} if cfg.rollout.engine == "local" else {}), **vllm)
         ref, adapters = (state.ref, True) if state.ref is not None else (state.policy, False)  # LoRA: the base
         self.ref = make_engine(ref, state.tokenizer, sampling, adapters=adapters) if algo.kl_coef > 0 else None
         self.stop_signal: str | None = None
@@ -173,12 +176,12 @@ class RLTrainer:
         """The critic on the returns, then PPO epochs of the policy (after the critic's warm-up); KL control."""
         cfg, algo, state, metrics = self.cfg, self.cfg.algo, self.state, {}
         if state.critic is not None:
-            with timer("critic"):
+            with timer("critic"), self.autocast():
                 metrics |= update_critic(state.critic, state.critic_optimizer, batch,
                                          generator=step_generator(cfg.run.seed, step, 3), epochs=algo.critic.epochs,
                                          minibatches=algo.minibatches, clip_range=algo.critic.value_clip,
                                          max_grad_norm=algo.max_grad_norm)
-        with timer("update"):
+        with timer("update"), self.autocast():
             train_batch = batch.informative() if algo.skip_zero_advantage else batch
             if state.critic is None or step > algo.critic.warmup_steps:
                 metrics |= update_policy(
@@ -195,6 +198,12 @@ class RLTrainer:
             state.scheduler.step()
         metrics["actor/trained_fraction"] = len(train_batch) / len(batch)
         return metrics
+
+    def autocast(self):
+        """Mixed precision for the update (`model.compute: bfloat16`): matmuls in bf16, parameters, optimizer
+        state and the log-softmax in fp32."""
+        device = self.cfg.run.device.split(":")[0]
+        return torch.autocast(device, dtype=self.compute, enabled=self.compute != torch.float32)
 
     def control_kl(self, metrics: dict[str, float], samples: int) -> None:
         """Adaptive KL (Ziegler et al.): the step's observed KL moves the coefficient; n = samples in the step."""

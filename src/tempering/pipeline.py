@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
 from rich.console import Console
 
 from tempering.checkpoint import resolve_model
@@ -28,6 +29,7 @@ from tempering.eval.evaluate import EvalReport, evaluate
 from tempering.loop import RLTrainer
 from tempering.models.loading import (
     build_tiny_model,
+    compute_dtype,
     load_model,
     load_tokenizer,
     num_parameters,
@@ -149,7 +151,8 @@ def eval_key(ws: Workspace, model_dir: Path, step: int | None) -> dict[str, Any]
             "step": step, "heldout_tasks": len(ws.heldout_tasks), "heldout_sha256": tasks,
             "samples": cfg.eval.samples, "temperature": cfg.eval.temperature,
             "max_new_tokens": cfg.rollout.max_new_tokens, "env": cfg.env.model_dump(), "seed": cfg.run.seed,
-            "sandbox_limits": [s.timeout_s, s.cpu_s, s.memory_mb, s.max_output_bytes]}
+            "sandbox_limits": [s.timeout_s, s.cpu_s, s.memory_mb, s.max_output_bytes],
+            **({"compute": "bfloat16"} if compute_dtype(cfg.model.compute, cfg.run.device) == torch.bfloat16 else {})}
 
 
 def heldout_eval(ws: Workspace, model_dir: Path, sandbox: Sandbox, name: str,
@@ -171,7 +174,9 @@ def heldout_eval(ws: Workspace, model_dir: Path, sandbox: Sandbox, name: str,
     began = time.perf_counter()
     model = load_model(model_dir, dtype=cfg.model.dtype, device=cfg.run.device)
     tokenizer = load_tokenizer(model_dir)
-    engine = make_engine(model, tokenizer, SamplingParams(cfg.eval.temperature, 1.0, cfg.rollout.max_new_tokens))
+    compute = compute_dtype(cfg.model.compute, cfg.run.device)
+    engine = make_engine(model, tokenizer, SamplingParams(cfg.eval.temperature, 1.0, cfg.rollout.max_new_tokens),
+                         dtype=compute if compute != torch.float32 else None)
     kw = dict(max_context=cfg.env.max_context, chat=cfg.env.chat_format)
     ctx = env_context(cfg, sandbox)
     sampled = evaluate(engine, ws.heldout_tasks, ctx, samples=cfg.eval.samples, seed=cfg.run.seed + 7, **kw)

@@ -24,7 +24,7 @@ from tempering.config import RunConfig
 from tempering.data import MixtureSampler, generate_tasks, load_tasks, save_tasks, split_stages
 from tempering.envs import env_context
 from tempering.errors import ConfigError, SandboxError
-from tempering.models.loading import check_model_dir, resolve_device
+from tempering.models.loading import check_model_dir, compute_dtype, resolve_device
 from tempering.sandbox import LocalSandbox, RemoteSandbox, Sandbox, SandboxLimits
 from tempering.training.sft import Transcript
 from tempering.training.transcripts import sft_transcripts
@@ -78,6 +78,7 @@ def prepare(cfg: RunConfig, console: Console | None = None, allow_config_change:
     if cfg.model.path:  # the start model this run recorded when it began, else what the path names now
         check_model_dir(recorded_start(run_dir, cfg.model.path) or resolve_model(cfg.model.path))
     cfg.run.device = resolve_device(cfg.run.device)
+    compute_dtype(cfg.model.compute, cfg.run.device)  # bfloat16 where it is slower: refused now
     check_sandbox_url(cfg)
     _check_outside_inputs(cfg)
     train = load_tasks(cfg.data.train_file, cfg.data.columns) if cfg.data.train_file else None

@@ -194,3 +194,47 @@ def test_engine_logprobs_use_its_temperature_and_weights_sync_by_version(tiny, t
     assert engine.version == 1
     engine.load_weights(other, version=2)
     assert engine.version == 2 and torch.equal(next(iter(model.state_dict().values())), next(iter(other.values())))
+
+
+def test_a_bf16_engine_samples_from_a_bf16_copy_close_to_the_fp32_policy(tiny, tasks):
+    """Mixed precision (`model.compute: bfloat16`): the engine samples from a packed bf16 copy; the policy's
+    own weights stay fp32, and the log-probs it reports are the fp32 policy's up to bf16 rounding."""
+    model, tokenizer = tiny
+    engine = LocalEngine(model, tokenizer, SamplingParams(1.0, 1.0, 10), dtype=torch.bfloat16)
+    prompts = [p for p in prompts_of(tokenizer, tasks[0], 3) for _ in range(2)]
+    gen = engine.generate(prompts, generator=torch.Generator().manual_seed(3))
+    assert next(engine._copy.parameters()).dtype == torch.bfloat16
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    with torch.no_grad():
+        fp32, _ = response_logprobs(model, gen.prompt_ids, gen.prompt_mask, gen.response_ids, gen.response_mask)
+    diff = ((fp32 - gen.logprobs) * gen.response_mask).abs()
+    assert 0 < float(diff.max()) < 0.1  # bf16 rounding: not the same numbers, close ones
+    engine.release()
+    assert engine._copy is None and engine.scheduler.model is model
+
+
+def test_packed_bf16_linear_layers_give_the_plain_layers_outputs():
+    from tempering.rollout.engine import prepacked
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(48, 96), torch.nn.Linear(96, 8, bias=False)).to(torch.bfloat16)
+    x = torch.randn(3, 5, 48, dtype=torch.bfloat16)
+    with torch.no_grad():
+        plain = net(x)
+        packed = prepacked(net)(x)
+    if torch.backends.mkldnn.is_available():
+        assert type(net[0]).__name__ == "_PackedLinear"
+    assert torch.equal(plain, packed)
+
+
+def test_bf16_compute_is_refused_where_it_is_slower_and_auto_falls_back(monkeypatch):
+    from tempering.errors import ConfigError
+    from tempering.models import loading
+
+    monkeypatch.setattr(loading, "bf16_speedup", lambda device: 0.05)  # a CPU without AMX
+    with pytest.raises(ConfigError, match="model.compute=bfloat16 is slower than float32"):
+        loading.compute_dtype("bfloat16", "cpu")
+    assert loading.compute_dtype("auto", "cpu") == torch.float32
+    monkeypatch.setattr(loading, "bf16_speedup", lambda device: 2.3)
+    assert loading.compute_dtype("auto", "cpu") == loading.compute_dtype("bfloat16", "cpu") == torch.bfloat16
+    assert loading.compute_dtype("float32", "cpu") == torch.float32

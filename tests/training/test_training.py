@@ -58,6 +58,30 @@ def test_update_raises_the_likelihood_of_rewarded_samples(tiny, tasks):
     assert {"actor/pg_loss", "actor/entropy", "actor/grad_norm", "actor/pg_clipfrac", "actor/ppo_kl"} <= set(metrics)
 
 
+def test_a_mixed_precision_update_keeps_fp32_weights_and_raises_the_rewarded_samples(tiny, tasks):
+    """`model.compute: bfloat16`: the update under autocast - bf16 matmuls, fp32 parameters, optimizer state,
+    gradients and log-softmax - moves the policy as the fp32 update does."""
+    model, tokenizer = tiny
+    batch = make_batch(model, tokenizer, tasks[0][:2], [1.0, 0.0, 0.0, 1.0])
+    with torch.no_grad():
+        fp32, _ = response_logprobs(model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            mixed, _ = response_logprobs(model, batch.prompt_ids, batch.prompt_mask, batch.response_ids,
+                                         batch.response_mask)
+    assert mixed.dtype == torch.float32 and 0 < float((mixed - fp32).abs().max()) < 0.1
+    opt = make_optimizer(model, lr=1e-2)
+    before = (fp32 * batch.response_mask).sum(1)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        update_policy(model, opt, batch, policy_loss=ppo_clip_loss, generator=torch.Generator().manual_seed(0),
+                      ppo_epochs=2, minibatches=2)
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    with torch.no_grad():
+        after, _ = response_logprobs(model, batch.prompt_ids, batch.prompt_mask, batch.response_ids,
+                                     batch.response_mask)
+    delta = (after * batch.response_mask).sum(1) - before
+    assert delta[0] > delta[1] and delta[3] > delta[2]
+
+
 def test_zero_advantage_batch_leaves_weights_unchanged(tiny, tasks):
     model, tokenizer = tiny
     batch = make_batch(model, tokenizer, tasks[0][:2], [0.5, 0.5, 1.0, 1.0])  # no variance in either group

@@ -11,8 +11,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tempering.rollout.engine import SamplingParams
+
+if TYPE_CHECKING:
+    import torch
 
 Messages = list[dict[str, str]]
 
@@ -34,25 +38,30 @@ class LocalModel:
 
 
 def local_model(model, tokenizer, *, name: str = "local", chat: str = "auto", max_context: int | None = None,
+                dtype: torch.dtype | None = None,
                 sampling: SamplingParams | None = None) -> LocalModel:
     from tempering.rollout.chat import chat_format
     from tempering.rollout.engine import make_engine
 
     limit = getattr(model.config, "max_position_embeddings", None) or getattr(model.config, "n_positions", None) \
         or 1 << 30
-    return LocalModel(name, make_engine(model, tokenizer, sampling or SamplingParams()), tokenizer,
+    return LocalModel(name, make_engine(model, tokenizer, sampling or SamplingParams(), dtype=dtype), tokenizer,
                       chat_format(tokenizer, chat),
                       min(max_context or limit, limit))
 
 
 def load_local(spec: str | Path, *, device: str = "auto", chat: str = "auto", max_context: int | None = None,
-               sampling: SamplingParams | None = None) -> LocalModel:
+               sampling: SamplingParams | None = None, compute: str = "float32") -> LocalModel:
     """A local model from anything `checkpoint.resolve_model` takes: a model directory, a checkpoint or run
     directory (its newest model), or a registry name (`smollm2-135m-instruct`, prepared on first use)."""
+    import torch
+
     from tempering.checkpoint import resolve_model
-    from tempering.models.loading import load_model, load_tokenizer, resolve_device
+    from tempering.models.loading import compute_dtype, load_model, load_tokenizer, resolve_device
 
     model_dir = resolve_model(spec)
-    model = load_model(model_dir, device=resolve_device(device, "--device"))
+    device = resolve_device(device, "--device")
+    dtype = compute_dtype(compute, device, "--compute")
+    model = load_model(model_dir, device=device)
     return local_model(model, load_tokenizer(model_dir), name=str(spec), chat=chat, max_context=max_context,
-                       sampling=sampling)
+                       sampling=sampling, dtype=dtype if dtype != torch.float32 else None)

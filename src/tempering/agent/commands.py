@@ -117,7 +117,7 @@ def cmd_repair(args: argparse.Namespace) -> int:
         model_dir = resolve_model(args.model)
         settings = run_settings(model_dir)
         local = load_local(model_dir, device=args.device, max_context=args.max_context or settings.get("max_context"),
-                           sampling=sampling)
+                           sampling=sampling, compute=args.compute)
         engine, max_context = local.engine, local.max_context
     if args.metrics_port:
         start_http_server(args.metrics_port, addr="127.0.0.1", registry=metrics.registry)
@@ -154,7 +154,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     settings = run_settings(model_dir)
     torch.set_num_threads(args.threads)
     chat = load_local(model_dir, device=args.device, chat=args.chat_format or settings.get("chat_format", "auto"),
-                      max_context=args.max_context)
+                      max_context=args.max_context, compute=args.compute)
     chat.name = args.name or Path(args.model).name
     auth = "token required" if token else "no token (loopback only)"
     print(f"serving {chat.name} on http://{args.host}:{args.port}/v1 ({auth}); Ctrl-C stops it", file=sys.stderr)
@@ -209,6 +209,8 @@ def add_parsers(sub, data) -> None:
     model.add_argument("--max-context", type=int, help="prompt + completion budget in tokens")
     model.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda, cuda:1, mps")
     model.add_argument("--threads", type=int, default=2)
+    model.add_argument("--compute", default="float32", choices=["float32", "bfloat16", "auto"],
+                       help="sampling precision: bfloat16 samples from a bf16 copy of the weights; auto where faster")
 
     p = sub.add_parser("repair", parents=[alert, model], help="the repair agent: write, run, read the error, retry")
     p.add_argument("model", help="model, checkpoint or run directory, registry name, or an OpenAI-compatible URL "

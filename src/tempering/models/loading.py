@@ -6,7 +6,9 @@ standard directory, which `AutoModelForCausalLM.from_pretrained` reads back.
 
 from __future__ import annotations
 
+import functools
 import json
+import time
 from pathlib import Path
 
 import torch
@@ -32,6 +34,48 @@ def resolve_device(name: str, key: str = "run.device") -> str:
     if name == "mps" and not torch.backends.mps.is_available():
         raise ConfigError(f"{key}=mps but MPS is not available here; use {key}=auto or cpu")
     return name
+
+
+COMPUTE = ("float32", "bfloat16", "auto")
+
+
+def compute_dtype(name: str, device: str, key: str = "model.compute") -> torch.dtype:
+    """The dtype the matmuls of sampling and of the update run in (the parameters stay in `model.dtype`):
+    `float32`; `bfloat16` (the engine samples from a bf16 copy of the weights, the update runs under
+    autocast); `auto` = bfloat16 where it is faster here, else float32. bfloat16 where it is slower (a CPU
+    without AMX: ~20x) raises ConfigError naming `key`, before any work starts."""
+    if name not in COMPUTE:
+        raise ConfigError(f"{key}={name}: expected one of {', '.join(COMPUTE)}")
+    if name == "float32":
+        return torch.float32
+    speedup = bf16_speedup(device)
+    if speedup > 1.2:
+        return torch.bfloat16
+    if name == "auto":
+        return torch.float32
+    raise ConfigError(f"{key}=bfloat16 is slower than float32 on this {device} (bf16 matmul at {speedup:.2f}x "
+                      f"the speed of fp32; a CPU needs AMX); use {key}=float32 or auto")
+
+
+@functools.cache
+def bf16_speedup(device: str) -> float:
+    """How much faster a bf16 matmul of a decode step's shape (64 x 1024 x 1024) is than fp32 here, measured
+    (best of 5; about 50 ms once per process). A GPU without bf16 support reads 0."""
+    if device.startswith("cuda"):
+        return 2.0 if torch.cuda.is_bf16_supported() else 0.0
+    if device != "cpu":
+        return 0.0
+    times = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        a, w = torch.randn(64, 1024, dtype=dtype), torch.randn(1024, 1024, dtype=dtype)
+        best = float("inf")
+        for _ in range(5):
+            started = time.perf_counter()
+            for _ in range(4):
+                a @ w
+            best = min(best, time.perf_counter() - started)
+        times[dtype] = best
+    return times[torch.float32] / times[torch.bfloat16]
 
 
 def check_model_dir(path: str | Path) -> Path:

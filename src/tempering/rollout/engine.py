@@ -76,14 +76,17 @@ class LocalEngine:
     the rows decoded together (more requests wait for a free slot)."""
 
     def __init__(self, model, tokenizer, sampling: SamplingParams = SamplingParams(), version: int = 0,
-                 adapters: bool = True, max_rows: int = 256, max_length: int | None = None):
+                 adapters: bool = True, max_rows: int = 256, max_length: int | None = None,
+                 dtype: torch.dtype | None = None):
         self.model, self.tokenizer, self.sampling, self.version = model, tokenizer, sampling, version
         self.stop_ids = stop_token_ids(tokenizer, getattr(model, "generation_config", None))
         self._weights = nullcontext if adapters else model.disable_adapter
         self._merge = adapters and is_peft(model)
+        self._dtype = dtype if dtype not in (None, next(model.parameters()).dtype) else None
+        assert adapters or self._dtype is None, "a reference engine samples nothing: it needs no bf16 copy"
         self.scheduler = Scheduler(model, self.stop_ids, max_rows=max_rows, max_length=max_length,
                                    version=lambda: self.version)
-        self._merged = None
+        self._copy = None
         self._loop: threading.Thread | None = None
         self._wake = threading.Event()
         self._closed = False
@@ -117,12 +120,15 @@ class LocalEngine:
             self._step()
 
     def _step(self) -> None:
-        if self._merge and self._merged is None:
+        if (self._merge or self._dtype) and self._copy is None:
             # A LoRA policy samples from a merged copy (W + s B A): every projection one matmul, not three
-            # (measured: a third of a SmolLM2 decode step went to the adapters' own small matmuls). Made
-            # again after new weights; freed by `release` (the update then has the memory).
-            self._merged = merge(copy.deepcopy(self.model)).eval()
-            self.scheduler.use(self._merged)
+            # (measured: a third of a SmolLM2 decode step went to the adapters' own small matmuls); with
+            # `dtype` (mixed precision) the copy is cast, e.g. bf16: half the weight bytes a decode step
+            # streams. Made again after new weights; freed by `release` (the update then has the memory).
+            sampler = copy.deepcopy(self.model)
+            sampler = merge(sampler) if self._merge else sampler
+            self._copy = (prepacked(sampler.to(self._dtype)) if self._dtype else sampler).eval()
+            self.scheduler.use(self._copy)
         try:
             with self._weights():
                 self.scheduler.step()
@@ -169,7 +175,7 @@ class LocalEngine:
             self.scheduler.forget()
             if not self.scheduler.busy:
                 self.scheduler.cache.clear()
-                self._drop_merged()
+                self._drop_copy()
 
     def load_weights(self, state: Mapping[str, Tensor], version: int) -> None:
         """Copy `state` into the model, unless it is the model's own storage (the trainer's policy in this
@@ -179,24 +185,52 @@ class LocalEngine:
             self.model.load_state_dict(state)
         self.version = version
         self.scheduler.forget()
-        self._drop_merged()
+        self._drop_copy()
 
-    def _drop_merged(self) -> None:
-        if self._merged is not None and not self.scheduler.busy:
-            self._merged = None
+    def _drop_copy(self) -> None:
+        if self._copy is not None and not self.scheduler.busy:
+            self._copy = None
             self.scheduler.use(self.model)
+
+
+def prepacked(model):
+    """`model` (a bf16 sampling copy) with each CPU linear layer's weight packed once for oneDNN's matmul (AMX
+    tiles) - a plain bf16 linear reorders its weight on every call: measured 1.33x faster over SmolLM2's
+    projections at 32 rows, bitwise the same outputs. A torch build without oneDNN keeps plain layers."""
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")):
+        return model
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is torch.nn.Linear and child.weight.device.type == "cpu" \
+                    and child.weight.dtype == torch.bfloat16:
+                setattr(parent, name, _PackedLinear(child))
+    return model
+
+
+class _PackedLinear(torch.nn.Module):
+    def __init__(self, linear: torch.nn.Linear, rows: int = 32):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), rows)  # rows: a size hint
+        self.bias = None if linear.bias is None else linear.bias.detach()
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.weight, self.bias, "none", [], "")
 
 
 ENGINES = ("local", "vllm", "http")
 
 
 def make_engine(source, tokenizer, sampling: SamplingParams = SamplingParams(), *, kind: str = "local",
-                version: int = 0, adapters: bool = True, max_rows: int = 256, **options) -> Engine:
-    """The one way to build an engine. `kind`: `local` (`source` a transformers model in this process),
+                version: int = 0, adapters: bool = True, max_rows: int = 256, dtype: torch.dtype | None = None,
+                **options) -> Engine:
+    """The one way to build an engine. `kind`: `local` (`source` a transformers model in this process;
+    `dtype` the precision it samples in, e.g. `models.loading.compute_dtype(cfg.model.compute, device)`),
     `vllm` (vLLM over `source`, a model directory; the `tempering[vllm]` extra), `http` (`source` the URL of
     an OpenAI-compatible server; `options` as `remote.HTTPEngine` takes them)."""
     if kind == "local":
-        return LocalEngine(source, tokenizer, sampling, version=version, adapters=adapters, max_rows=max_rows)
+        return LocalEngine(source, tokenizer, sampling, version=version, adapters=adapters, max_rows=max_rows,
+                           dtype=dtype)
     if kind == "http":
         from tempering.rollout.remote import HTTPEngine
 

@@ -37,13 +37,14 @@ ATTENTION = "tempering_slots"
 
 def slot_attention(module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor, scaling: float,
                    dropout: float = 0.0, softcap: float | None = None, **kwargs) -> tuple[Tensor, None]:
-    """Attention over the slot cache. A decode step (one query token) batches the heads that share a
-    key/value head together (no copy of the keys per query head, unlike `repeat_kv`; faster than SDPA's
-    CPU kernel there: measured 14 vs 22 ms of a 32-row SmolLM2 decode step); a prefill chunk uses SDPA.
+    """Attention over the slot cache. A decode step (one query token) in fp32 batches the heads that share
+    a key/value head together (no copy of the keys per query head, unlike `repeat_kv`; faster than SDPA's
+    CPU kernel there: measured 19 vs 26 ms of a 32-row SmolLM2 decode step); a prefill chunk, and a bf16
+    decode step (SDPA 17 ms, the batched matmuls 32: they copy the keys), use SDPA.
 
     query (B, H, T, D), key and value (B, Hkv, W, D), attention_mask (B, 1, T, W) bool -> (B, T, H, D)."""
     b, h, t, d = query.shape
-    if t > 1 and not softcap:  # prefill: the fused kernel (it does not materialise T x W scores)
+    if (t > 1 or query.dtype != torch.float32) and not softcap:  # the fused kernel (no T x W scores stored)
         out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
                                                                scale=scaling, enable_gqa=True)
         return out.transpose(1, 2), None
