@@ -66,7 +66,7 @@ class ModelSection(Section):
     compute: Literal["float32", "bfloat16", "auto"] = "float32"
     """Matmul precision of sampling and the policy update, parameters staying in `dtype` (mixed precision):
     bfloat16 samples from a bf16 copy of the weights and runs the update under autocast; `auto` = bfloat16
-    where it is measured faster (a GPU; a CPU with AMX: 2.3x at a decode step's shape), else float32.
+    where it is faster (a GPU; a CPU with AMX: 2.3x at a decode step's shape), else float32.
     bfloat16 where it is slower is refused before the run starts."""
 
 

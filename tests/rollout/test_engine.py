@@ -231,10 +231,10 @@ def test_bf16_compute_is_refused_where_it_is_slower_and_auto_falls_back(monkeypa
     from tempering.errors import ConfigError
     from tempering.models import loading
 
-    monkeypatch.setattr(loading, "bf16_speedup", lambda device: 0.05)  # a CPU without AMX
+    monkeypatch.setattr(loading, "bf16_fast", lambda device: False)  # a CPU without AMX
     with pytest.raises(ConfigError, match="model.compute=bfloat16 is slower than float32"):
         loading.compute_dtype("bfloat16", "cpu")
     assert loading.compute_dtype("auto", "cpu") == torch.float32
-    monkeypatch.setattr(loading, "bf16_speedup", lambda device: 2.3)
+    monkeypatch.setattr(loading, "bf16_fast", lambda device: True)
     assert loading.compute_dtype("auto", "cpu") == loading.compute_dtype("bfloat16", "cpu") == torch.bfloat16
     assert loading.compute_dtype("float32", "cpu") == torch.float32
