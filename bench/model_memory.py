@@ -8,7 +8,8 @@ update time against response length (LoRA, float32, checkpointing on and off).
 The curve's rows share one prompt (a group), so the update packs them into one sequence while it fits
 (`models.forward.PACK`) and runs them one by one beyond; log-probs and entropy are computed in chunks.
 
-Each arm runs in its own process (peak resident memory only grows), loads the model, does one warm-up
+Each arm runs in its own process (peak resident memory only grows; malloc tuned as the `tempering` command
+tunes it, `cli.fixed_mmap_threshold`), loads the model, does one warm-up
 update and `--repeats` timed ones (PPO-clip, 2 minibatches, random advantages), and reports the mean
 update time, trained tokens per second and the process's peak resident memory. Printed as a table, with
 ratios against full fine-tuning in float32.
@@ -84,6 +85,9 @@ def main() -> None:
     parser.add_argument("--arm", help=argparse.SUPPRESS)  # mode,dtype,checkpointing: run one arm, print JSON
     args = parser.parse_args()
     if args.arm:
+        from tempering.cli import fixed_mmap_threshold
+
+        fixed_mmap_threshold()  # as `tempering` runs: freed large tensors go back to the system
         mode, dtype, ckpt = args.arm.split(",")
         args.mode, args.dtype, args.checkpointing = mode, dtype, ckpt == "1"
         print(json.dumps(run_arm(args)))

@@ -370,7 +370,7 @@ def _quiet_libraries() -> None:
     hf_logging.set_verbosity_error()
 
 
-def _fixed_mmap_threshold(size: int = 4 << 20) -> None:
+def fixed_mmap_threshold(size: int = 4 << 20) -> None:
     """glibc's malloc raises its mmap threshold each time a large block is freed, after which tensors of
     up to 32 MB come from the heap and their memory is kept after they are freed: a SmolLM2 update's peak
     resident memory went from 1.4 GB to 5.5 GB that way (measured). A fixed threshold gives every
@@ -387,7 +387,7 @@ def _fixed_mmap_threshold(size: int = 4 << 20) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    _fixed_mmap_threshold()
+    fixed_mmap_threshold()
     args = build_parser().parse_args(argv)
     _quiet_libraries()
     try:
