@@ -100,8 +100,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     compute = compute_dtype(args.compute, device, "--compute")
     model = load_model(model_dir, device=device)
     tokenizer = load_tokenizer(model_dir)
-    engine = make_engine(model, tokenizer, SamplingParams(args.temperature, 1.0, args.max_new_tokens),
-                         dtype=compute if compute != torch.float32 else None)
+    engine = make_engine(model, tokenizer, SamplingParams(args.temperature, 1.0, args.max_new_tokens), dtype=compute)
     with LocalSandbox(workers=2) as sandbox:
         # pass@k of the final attempt; with --turns > 1 also first_turn_pass@1 (feedback between attempts).
         ctx = EnvContext(sandbox, max_turns=args.turns, options={"code_instruction": args.instruction})

@@ -76,9 +76,8 @@ class RLTrainer:
         lora = cfg.model.lora
         vllm = {"lora_scaling": lora.alpha / lora.r if lora.r else None} if cfg.rollout.engine == "vllm" else {}
         self.compute = compute_dtype(cfg.model.compute, cfg.run.device)
-        mixed = self.compute if self.compute != torch.float32 else None
         self.engine = make_engine(state.policy, state.tokenizer, sampling, kind=cfg.rollout.engine, version=state.step,
-                                  **({"dtype": mixed} if cfg.rollout.engine == "local" else {}), **vllm)
+                                  dtype=self.compute, **vllm)
         ref, adapters = (state.ref, True) if state.ref is not None else (state.policy, False)  # LoRA: the base
         self.ref = make_engine(ref, state.tokenizer, sampling, adapters=adapters) if algo.kl_coef > 0 else None
         self.stop_signal: str | None = None

@@ -174,9 +174,8 @@ def heldout_eval(ws: Workspace, model_dir: Path, sandbox: Sandbox, name: str,
     began = time.perf_counter()
     model = load_model(model_dir, dtype=cfg.model.dtype, device=cfg.run.device)
     tokenizer = load_tokenizer(model_dir)
-    compute = compute_dtype(cfg.model.compute, cfg.run.device)
     engine = make_engine(model, tokenizer, SamplingParams(cfg.eval.temperature, 1.0, cfg.rollout.max_new_tokens),
-                         dtype=compute if compute != torch.float32 else None)
+                         dtype=compute_dtype(cfg.model.compute, cfg.run.device))
     kw = dict(max_context=cfg.env.max_context, chat=cfg.env.chat_format)
     ctx = env_context(cfg, sandbox)
     sampled = evaluate(engine, ws.heldout_tasks, ctx, samples=cfg.eval.samples, seed=cfg.run.seed + 7, **kw)

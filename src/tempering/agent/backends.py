@@ -54,8 +54,6 @@ def load_local(spec: str | Path, *, device: str = "auto", chat: str = "auto", ma
                sampling: SamplingParams | None = None, compute: str = "float32") -> LocalModel:
     """A local model from anything `checkpoint.resolve_model` takes: a model directory, a checkpoint or run
     directory (its newest model), or a registry name (`smollm2-135m-instruct`, prepared on first use)."""
-    import torch
-
     from tempering.checkpoint import resolve_model
     from tempering.models.loading import compute_dtype, load_model, load_tokenizer, resolve_device
 
@@ -64,4 +62,4 @@ def load_local(spec: str | Path, *, device: str = "auto", chat: str = "auto", ma
     dtype = compute_dtype(compute, device, "--compute")
     model = load_model(model_dir, device=device)
     return local_model(model, load_tokenizer(model_dir), name=str(spec), chat=chat, max_context=max_context,
-                       sampling=sampling, dtype=dtype if dtype != torch.float32 else None)
+                       sampling=sampling, dtype=dtype)

@@ -82,7 +82,8 @@ class LocalEngine:
         self.stop_ids = stop_token_ids(tokenizer, getattr(model, "generation_config", None))
         self._weights = nullcontext if adapters else model.disable_adapter
         self._merge = adapters and is_peft(model)
-        self._dtype = dtype if dtype not in (None, next(model.parameters()).dtype) else None
+        # float32 = no mixed precision (`models.loading.compute_dtype`): the model samples in its own dtype
+        self._dtype = dtype if dtype not in (None, torch.float32, next(model.parameters()).dtype) else None
         assert adapters or self._dtype is None, "a reference engine samples nothing: it needs no bf16 copy"
         self.scheduler = Scheduler(model, self.stop_ids, max_rows=max_rows, max_length=max_length,
                                    version=lambda: self.version)
@@ -225,7 +226,8 @@ def make_engine(source, tokenizer, sampling: SamplingParams = SamplingParams(), 
                 version: int = 0, adapters: bool = True, max_rows: int = 256, dtype: torch.dtype | None = None,
                 **options) -> Engine:
     """The one way to build an engine. `kind`: `local` (`source` a transformers model in this process;
-    `dtype` the precision it samples in, e.g. `models.loading.compute_dtype(cfg.model.compute, device)`),
+    `dtype` a lower precision to sample in - `models.loading.compute_dtype(cfg.model.compute, device)`;
+    None or float32 = the model's own),
     `vllm` (vLLM over `source`, a model directory; the `tempering[vllm]` extra), `http` (`source` the URL of
     an OpenAI-compatible server; `options` as `remote.HTTPEngine` takes them)."""
     if kind == "local":
