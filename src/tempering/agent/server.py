@@ -43,23 +43,21 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
-from pydantic import BaseModel, ConfigDict, Field
 
 from tempering.agent.backends import LocalModel
 from tempering.agent.monitor import AlertRule, JsonLog, Metrics
+from tempering.agent.openai_api import (
+    DEFAULT_MAX_TOKENS,
+    ChatRequest,
+    CompletionRequest,
+    SamplingRequest,
+    message_text,
+    unsupported,
+)
 from tempering.agent.serving import Job, TokenLogprob
 from tempering.errors import TemperingError
 
 TOKEN_ENV, TOKEN_FILE_ENV = "TEMPERING_SERVE_TOKEN", "TEMPERING_SERVE_TOKEN_FILE"
-DEFAULT_MAX_TOKENS = 256
-HARMLESS = {"user", "metadata", "store", "service_tier", "parallel_tool_calls", "safety_identifier",
-            "prompt_cache_key", "prompt_cache_retention"}
-"""Request fields that do not change what is generated: accepted and ignored."""
-NEUTRAL = {"presence_penalty": (0, None), "frequency_penalty": (0, None), "logit_bias": (None, {}),
-           "response_format": (None, {"type": "text"}), "tools": (None, []), "tool_choice": (None, "none"),
-           "functions": (None, []), "function_call": (None, "none"), "best_of": (None, 1), "echo": (None, False),
-           "suffix": (None, ""), "modalities": (None, ["text"])}
-"""Fields that would change the output, and the values of theirs that do not (accepted)."""
 
 
 @dataclass(frozen=True)
@@ -79,36 +77,6 @@ class ServeLimits:
     """Largest request body (413 past it, before it is read)."""
 
 
-class _Sampling(BaseModel):
-    model_config = ConfigDict(extra="allow")  # checked by `_unsupported`: accepted only when harmless
-
-    model: str | None = None
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
-    temperature: float = Field(1.0, ge=0.0, le=2.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    n: int = Field(1, ge=1)
-    stream: bool = False
-    stream_options: dict[str, Any] | None = None
-    seed: int | None = Field(None, ge=-(1 << 63), lt=1 << 63)
-    stop: str | list[str] | None = None
-
-
-class ChatRequest(_Sampling):
-    messages: list[dict[str, Any]] = Field(min_length=1)
-    logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=20)
-
-
-class CompletionRequest(_Sampling):
-    prompt: str | list[int] = Field(union_mode="left_to_right")
-    """Text, or token ids (OpenAI's and vLLM's completions API take both)."""
-    logprobs: int | None = Field(None, ge=0, le=5)
-    return_token_ids: bool = False
-    """vLLM's extension: each choice also carries `token_ids` (its sampled ids, a stop token included)
-    and the response `prompt_token_ids` - what an episode over HTTP appends to its context."""
-
-
 class Refused(Exception):
     """A request answered with an OpenAI-shaped error before any generation."""
 
@@ -122,22 +90,6 @@ def _error(status: int, message: str, kind: str = "invalid_request_error", code:
            headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse({"error": {"message": message, "type": kind, "code": code or status}}, status_code=status,
                         headers=headers)
-
-
-def _text(content: Any) -> str:
-    """A message's content: a string, or OpenAI's list of parts (their text parts joined)."""
-    if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
-    return "" if content is None else str(content)
-
-
-def _unsupported(body: _Sampling) -> str | None:
-    """The first field the request sets that would change the output and is not implemented here."""
-    for name, value in (body.model_extra or {}).items():
-        if name in HARMLESS or (name in NEUTRAL and value in NEUTRAL[name]):
-            continue
-        return name
-    return None
 
 
 class Gate:
@@ -254,12 +206,12 @@ def create_app(chat: LocalModel, *, token: str | None = None, log_path: str | No
         return {"object": "list", "data": [{"id": chat.name, "object": "model", "created": created,
                                             "owned_by": "tempering", "max_model_len": chat.max_context}]}
 
-    def check(body: _Sampling, chars: int, top: int | None) -> list[str]:
+    def check(body: SamplingRequest, chars: int, top: int | None) -> list[str]:
         """Everything that can be refused before tokenizing; returns the stop strings."""
         if body.model not in (None, chat.name):
             raise Refused(404, f"model '{body.model}' is not served here; this server serves '{chat.name}'",
                           kind="not_found_error")
-        if (field := _unsupported(body)) is not None:
+        if (field := unsupported(body)) is not None:
             raise Refused(400, f"'{field}' is not supported by this server (it would change the output)",
                           code="unsupported_parameter")
         if body.n > limits.max_n:
@@ -277,7 +229,7 @@ def create_app(chat: LocalModel, *, token: str | None = None, log_path: str | No
                                f"{chat.max_context} tokens can hold", code="context_length_exceeded")
         return stop
 
-    async def admitted(request: Request, body: _Sampling, chars: int, top: int | None,
+    async def admitted(request: Request, body: SamplingRequest, chars: int, top: int | None,
                        tokenize: Callable[[], list[int]]) -> list[Job]:
         """Checked, admitted (429 past the caps) and tokenized (off the event loop): the request's jobs."""
         stop = check(body, chars, top)
@@ -306,7 +258,7 @@ def create_app(chat: LocalModel, *, token: str | None = None, log_path: str | No
             job.submit(engine)
         return jobs
 
-    async def answer(request: Request, body: _Sampling, jobs: list[Job], shape: Callable[[list[Job]], dict],
+    async def answer(request: Request, body: SamplingRequest, jobs: list[Job], shape: Callable[[list[Job]], dict],
                      chunk: Callable[[int, str | None, list[TokenLogprob], str | None], dict]):
         loop = asyncio.get_running_loop()
         if not body.stream:
@@ -374,7 +326,7 @@ def create_app(chat: LocalModel, *, token: str | None = None, log_path: str | No
     async def chat_completions(body: ChatRequest, request: Request):
         if body.top_logprobs is not None and not body.logprobs:
             raise Refused(400, "top_logprobs: needs logprobs: true")
-        messages = [{"role": m.get("role"), "content": _text(m.get("content"))} for m in body.messages]
+        messages = [{"role": m.get("role"), "content": message_text(m.get("content"))} for m in body.messages]
 
         def render() -> list[int]:
             try:
