@@ -17,6 +17,7 @@ from tempering.config_sections import (
     AlgoSection,
     CheckpointSection,
     DataSection,
+    DistributedSection,
     EnvSection,
     EvalSection,
     ModelSection,
@@ -49,6 +50,7 @@ class RunConfig(Section):
     checkpoint: CheckpointSection = CheckpointSection()
     eval: EvalSection = EvalSection()
     tracking: TrackingSection = TrackingSection()
+    distributed: DistributedSection = DistributedSection()
 
     @model_validator(mode="after")
     def _check_names(self) -> RunConfig:

@@ -151,3 +151,25 @@ def _check_cross_fields(cfg: RunConfig) -> None:
     url = cfg.sandbox.url
     if url is not None and not url.startswith(("http://", "https://")):
         raise ValueError(f"sandbox.url: '{url}' is not an http:// or https:// URL")
+    _check_distributed(cfg)
+
+
+def _check_distributed(cfg: RunConfig) -> None:
+    ro, d = cfg.rollout, cfg.distributed
+    if ro.shards > ro.prompts_per_step:
+        raise ValueError(f"rollout.shards: {ro.shards} shards of {ro.prompts_per_step} prompts per step leave some "
+                         "empty; use at most rollout.prompts_per_step")
+    low, high = ro.min_workers or ro.workers, ro.max_workers or ro.workers
+    if not low <= ro.workers <= high:
+        raise ValueError(f"rollout.workers: {ro.workers} is outside [min_workers {low}, max_workers {high}]")
+    if ro.max_staleness and cfg.algo.dynamic_sampling:
+        raise ValueError("rollout.max_staleness: asynchronous rollouts with algo.dynamic_sampling are not supported "
+                         "(a step's extra sampling rounds would need the older policy again); set one of them off")
+    if d.backend == "ray":
+        import importlib.util
+
+        if importlib.util.find_spec("ray") is None:
+            raise ValueError("distributed.backend: 'ray' needs the ray package (pip install 'tempering[ray]')")
+        if ro.engine == "vllm":
+            raise ValueError("distributed.backend: 'ray' with rollout.engine 'vllm' is not built yet; use the local "
+                             "engine in the workers, or vllm with the local backend")

@@ -140,6 +140,20 @@ class RolloutSection(Section):
     engine: Literal["local", "vllm"] = "local"
     """What samples: `local` (the engine in this process: continuous batching over its own KV cache) or
     `vllm` (vLLM in this process, the `tempering[vllm]` extra; weights synced after each update)."""
+    max_staleness: int = Field(0, ge=0)
+    """k: the batch of step s is sampled by policy version max(0, s - 1 - k) - rollouts run up to k updates
+    ahead of the trainer (0 = synchronous). Every sample's staleness is exactly min(k, s - 1)."""
+    shards: int = Field(1, ge=1)
+    """Work units a step's tasks are cut into (a shard runs end to end in one rollout worker); fixed for a
+    run, independent of how many workers there are, so worker counts change timing, never samples."""
+    workers: int = Field(1, ge=1)
+    """Rollout workers (Ray actors, `distributed.backend: ray`) at the start."""
+    min_workers: int | None = Field(None, ge=1)
+    """Elastic lower bound (default `workers`)."""
+    max_workers: int | None = Field(None, ge=1)
+    """Elastic upper bound (default `workers`): with a backlog of shards the pool grows up to it."""
+    worker_cpus: float = Field(1.0, gt=0.0)
+    """Ray CPUs reserved per rollout worker."""
 
 
 class EnvOptionsSection(Section):
@@ -231,6 +245,14 @@ class AlgoSection(Section):
     """DAPO: drop groups whose rewards are all equal and sample more tasks until the batch is full."""
     max_sampling_rounds: int = Field(3, ge=1)
     """DAPO: at most this many sampling rounds per step (the batch may stay short after them)."""
+    correction: Literal["none", "tis", "mis"] = "none"
+    """Train/inference mismatch correction (`algos.correction`): the trainer recomputes pi_old and weights each
+    token (or sequence) by pi_old / mu, truncated at `correction_cap` (tis) or dropped above it (mis). `none`
+    keeps the sampler's log-probs as pi_old (bypass)."""
+    correction_level: Literal["token", "sequence"] = "token"
+    """Per-token ratios, or each sequence's geometric mean."""
+    correction_cap: float = Field(2.0, gt=0.0)
+    """The truncation / masking threshold C (verl's default 2.0)."""
     critic: CriticSection = CriticSection()
     skip_zero_advantage: bool = True
     """Leave samples whose advantage is zero on every token (groups whose rewards are all equal) out of
@@ -333,3 +355,22 @@ class TrackingSection(Section):
     """Also log to MLflow (needs `mlflow`): the file store RUN_DIR/mlruns."""
     project: str = "tempering"
     """W&B project / MLflow experiment name."""
+
+
+class DistributedSection(Section):
+    backend: Literal["local", "ray"] = "local"
+    """Where rollouts run: `local` (in this process) or `ray` (rollout-worker actors, the `tempering[ray]`
+    extra). Both write the same rows for the same `rollout.shards` and `rollout.max_staleness`."""
+    address: str | None = None
+    """None: start a local Ray cluster bound to loopback; `auto` or `host:port`: join a running one."""
+    num_cpus: int | None = Field(None, ge=1)
+    """CPUs of a locally started cluster (None: all of this machine's)."""
+    canary_every: int = Field(1, ge=0)
+    """Check every n-th weight version a worker loads against the trainer's log-probs on a fixed probe (0 = off)."""
+    canary_tol: float = Field(1e-4, gt=0.0)
+    """Largest |log-prob difference| on the probe that passes (fp32, same code: 0.0 measured)."""
+    max_retries: int = Field(3, ge=0)
+    """Re-sends of one shard whose worker died before the run gives up."""
+    scale_down_idle_s: float = Field(10.0, gt=0.0)
+    """A worker above `rollout.min_workers` idle this long is retired."""
+

@@ -26,31 +26,29 @@ from tempering.algos import (
     masked_mean,
     masked_whiten,
 )
+from tempering.algos.correction import rollout_correction
 from tempering.config import RunConfig
-from tempering.envs import env_context
+from tempering.distributed.canary import Probe
+from tempering.distributed.pool import make_pool
+from tempering.distributed.schedule import behaviour_version, shard_specs, staleness_metrics, step_generator, step_seed
 from tempering.errors import Preempted
 from tempering.eval.evaluate import validation_metrics
+from tempering.models.forward import response_logprobs
 from tempering.models.loading import compute_dtype
-from tempering.rewards import RewardFunction
-from tempering.rollout.batch import RolloutBatch, collate, concat_batches
+from tempering.rollout.batch import RolloutBatch
+from tempering.rollout.chat import chat_format
 from tempering.rollout.engine import SamplingParams, make_engine
-from tempering.rollout.episodes import Rollout, run_episodes
+from tempering.rollout.episodes import Rollout, merge_rollouts
+from tempering.rollout.source import RolloutSource
 from tempering.sandbox import Sandbox
 from tempering.state import TrainState
 from tempering.tracking import Timer, Tracker
 from tempering.tracking.metrics import rollout_metrics, sample_rows
 from tempering.training.critic import update_critic
-from tempering.training.update import update_policy
+from tempering.training.update import update_policy, without_dropout
 from tempering.types import Task
 
-
-def step_seed(seed: int, step: int, stream: int = 0) -> int:
-    """The seed of one purpose (stream) of one step, independent of everything that ran before."""
-    return (seed * 1_000_003 + step) * 16 + stream
-
-
-def step_generator(seed: int, step: int, stream: int = 0) -> torch.Generator:
-    return torch.Generator().manual_seed(step_seed(seed, step, stream))
+__all__ = ["RLTrainer", "StepResult", "step_generator", "step_seed"]
 
 
 @dataclass
@@ -66,20 +64,20 @@ class RLTrainer:
 
     def __init__(self, cfg: RunConfig, state: TrainState, heldout_tasks: list[Task], sandbox: Sandbox, log=print):
         self.cfg, self.state, self.heldout_tasks, self.log = cfg, state, heldout_tasks, log
-        algo, r = cfg.algo, cfg.reward
+        algo = cfg.algo
         self.estimator = lookup(ADVANTAGE_ESTIMATORS, algo.estimator, "advantage estimator")
         self.policy_loss = lookup(POLICY_LOSSES, algo.policy_loss, "policy loss")
-        self.reward_fn = RewardFunction(r.weights, params=r.params, guards=r.guards, guard_kinds=r.guard_kinds,
-                                        penalty=r.penalty, step_fn=r.step_fn)
-        self.ctx = env_context(cfg, sandbox, self.reward_fn.needs)
-        sampling = SamplingParams(cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.max_new_tokens)
-        lora = cfg.model.lora
-        vllm = {"lora_scaling": lora.alpha / lora.r if lora.r else None} if cfg.rollout.engine == "vllm" else {}
         self.compute = compute_dtype(cfg.model.compute, cfg.run.device)
-        self.engine = make_engine(state.policy, state.tokenizer, sampling, kind=cfg.rollout.engine, version=state.step,
-                                  dtype=self.compute, **vllm)
+        # This process's rollout side: the local backend's shards, and validation, run on it.
+        self.source = RolloutSource(cfg, state.policy, state.tokenizer, sandbox, version=state.step)
+        self.engine, self.ctx = self.source.engine, self.source.ctx
         ref, adapters = (state.ref, True) if state.ref is not None else (state.policy, False)  # LoRA: the base
-        self.ref = make_engine(ref, state.tokenizer, sampling, adapters=adapters) if algo.kl_coef > 0 else None
+        self.ref = make_engine(ref, state.tokenizer, self.engine.sampling, adapters=adapters) \
+            if algo.kl_coef > 0 else None
+        self.pool = make_pool(cfg, self.source, state.policy, self._probe(), log=log)
+        self.pool.publish(state.step, state.policy)
+        self.submitted: dict[int, object] = {}  # step -> the pool's ticket of its round 0
+        self.ready: dict[int, Rollout] = dict(state.lookahead)  # finished look-ahead batches (a resumed run's too)
         self.stop_signal: str | None = None
 
     # ------------------------------------------------------------------------------------ one step
@@ -87,48 +85,75 @@ class RLTrainer:
     def step(self, step: int) -> StepResult:
         timer = Timer()
         with timer("step"):
+            self.submit_ahead(step)
             rollout = self.collect(step, timer)
             batch = rollout.batch
+            for k, v in rollout.timings.items():  # where the shards ran: generation, environments, reward
+                timer.seconds[k] = timer.seconds.get(k, 0.0) + v
             if len(batch) == 0:  # dynamic sampling found no group with a learning signal
                 return StepResult({"actor/trained_fraction": 0.0, **rollout.metrics, **timer.seconds})
             metrics = self.score(batch, timer)
+            if self.cfg.algo.correction != "none":
+                metrics |= self.correct(batch, timer)
             with timer("adv"):
                 self.estimate(batch)
             metrics |= self.update(step, batch, timer)
             self.control_kl(metrics, len(batch))
             with timer("sync"):
-                self.engine.load_weights(self.state.policy.state_dict(), version=step)
+                self.pool.publish(step, self.state.policy)
             metrics |= rollout_metrics(rollout.episodes, rollout.rewards, batch) | rollout.metrics
+            metrics |= staleness_metrics(step, batch.versions)
             if self.cfg.eval.every and step % self.cfg.eval.every == 0 and step < self.cfg.train.steps:
                 with timer("val"):
                     metrics |= self.validate(step)
-        metrics |= timer.seconds
+        metrics |= self.pool.metrics() | timer.seconds
         metrics["perf/tokens_per_s"] = batch.num_tokens() / timer.seconds["timing_s/step"]
         return StepResult(metrics, sample_rows(rollout.episodes, rollout.rewards, batch))
 
-    def sample_round(self, step: int, round_: int, timer: Timer) -> Rollout:
-        """`prompts_per_step` tasks x `group_size` episodes, run, rewarded and collated."""
-        ro, seed = self.cfg.rollout, self.cfg.run.seed
+    # ----------------------------------------------------------------------------------- rollouts
+
+    def submit_ahead(self, step: int) -> None:
+        """Send the batches of steps `step` .. `step + k` that are not on their way yet, in step order (the
+        task sampler's draws stay those of the synchronous loop). The batch of step s goes out when the
+        trainer's weights are those of its behaviour version v(s) = max(0, s - 1 - k)."""
+        k, last = self.cfg.rollout.max_staleness, self.cfg.train.steps
+        for s in range(step, min(step + k, last) + 1):
+            if s not in self.submitted and s not in self.ready:
+                assert behaviour_version(s, k) == self.engine.version, "a batch sent with the wrong weights"
+                self.submitted[s] = self.send_round(s, 0)
+
+    def send_round(self, step: int, round_: int):
+        """Draw a round's tasks and send them to the pool as `rollout.shards` shards."""
+        ro = self.cfg.rollout
         tasks = self.state.sampler.next_batch(ro.prompts_per_step)
-        episodes = run_episodes(self.engine, tasks, self.ctx, group_size=ro.group_size,
-                                max_context=self.cfg.env.max_context, chat=self.cfg.env.chat_format, timer=timer,
-                                generator=step_generator(seed, step, 0 if round_ == 0 else 10 + round_),
-                                seed=step_seed(seed, step, 4 + round_))
-        with timer("reward"):
-            rewards = self.reward_fn.score(episodes)
-        batch = collate(episodes, rewards, self.state.tokenizer, group_offset=round_ * ro.prompts_per_step)
-        return Rollout(episodes, rewards, batch)
+        return self.pool.submit(shard_specs(step, round_, tasks, ro.shards, self.cfg.run.seed, self.engine.version))
+
+    def take(self, step: int) -> Rollout:
+        """Round 0 of step `step`: finished already (a look-ahead batch), or waited for."""
+        if step not in self.ready:
+            self.ready[step] = self.pool.gather(self.submitted.pop(step))
+        return self.ready.pop(step)
+
+    def lookahead(self, step: int) -> dict[int, Rollout]:
+        """The finished batches of the steps after `step` (what a checkpoint at `step` keeps: with them, a
+        resumed asynchronous run trains on exactly what an uninterrupted one would)."""
+        for s in sorted(self.submitted):
+            self.ready[s] = self.pool.gather(self.submitted.pop(s))
+        return {s: r for s, r in self.ready.items() if s > step}
 
     def collect(self, step: int, timer: Timer) -> Rollout:
-        """One round of episodes; with DAPO's dynamic sampling, groups whose scores are all equal are dropped
-        and more tasks are sampled (at most `max_sampling_rounds` rounds), cut to `prompts_per_step` groups."""
+        """Round 0's episodes; with DAPO's dynamic sampling (synchronous runs), groups whose scores are all
+        equal are dropped and more tasks are sampled (at most `max_sampling_rounds` rounds), cut to
+        `prompts_per_step` groups."""
         algo, want = self.cfg.algo, self.cfg.rollout.prompts_per_step
+        with timer("wait"):
+            first = self.take(step)
         if not algo.dynamic_sampling:
-            return self.sample_round(step, 0, timer)
+            return first
         parts: list[Rollout] = []
         kept = dropped = 0
         for round_ in range(algo.max_sampling_rounds):
-            r = self.sample_round(step, round_, timer)
+            r = first if round_ == 0 else self.pool.gather(self.send_round(step, round_))
             # The full score (an episode's outcome plus its process rewards) decides what is informative.
             _, std, _ = group_mean_std(torch.tensor([x.score for x in r.rewards], dtype=torch.float32),
                                        r.batch.group_ids)
@@ -138,13 +163,20 @@ class RLTrainer:
             dropped += want - len({int(r.batch.group_ids[i]) for i in informative})
             kept += len(groups)
             parts.append(Rollout([r.episodes[i] for i in rows], [r.rewards[i] for i in rows],
-                                 r.batch.select(torch.tensor(rows, dtype=torch.long))))
+                                 r.batch.select(torch.tensor(rows, dtype=torch.long)), timings=r.timings))
             if kept >= want:
                 break
-        parts = [p for p in parts if p.episodes] or parts[:1]
-        return Rollout([e for p in parts for e in p.episodes], [x for p in parts for x in p.rewards],
-                       concat_batches([p.batch for p in parts]),
-                       {"dapo/kept_groups": kept, "dapo/dropped_groups": dropped, "dapo/rounds": round_ + 1})
+        merged = merge_rollouts([p for p in parts if p.episodes] or parts[:1])
+        merged.timings = merge_rollouts(parts).timings
+        merged.metrics = {"dapo/kept_groups": kept, "dapo/dropped_groups": dropped, "dapo/rounds": round_ + 1}
+        return merged
+
+    def _probe(self) -> Probe:
+        """The weight-sync canary's probe: the first held-out prompts and seeded random tokens (the same after a
+        resume)."""
+        fmt = chat_format(self.state.tokenizer, self.cfg.env.chat_format)
+        prompts = [fmt.start(t.prompt)[0] for t in self.heldout_tasks[:4]] or [[0]]
+        return Probe.build(prompts, len(self.state.tokenizer), seed=step_seed(self.cfg.run.seed, 0, 9))
 
     def score(self, batch: RolloutBatch, timer: Timer) -> dict[str, float]:
         """Reference log-probs (and the KL penalty, when KL is in the reward) and critic values."""
@@ -163,6 +195,36 @@ class RLTrainer:
                 batch.values = self.state.critic.values(batch.prompt_ids, batch.prompt_mask, batch.response_ids,
                                                         batch.response_mask, batch.response_attention).cpu()
         return metrics
+
+    def correct(self, batch: RolloutBatch, timer: Timer) -> dict[str, float]:
+        """Decoupled mismatch correction (`algo.correction`): the trainer recomputes pi_old, the PPO ratio's
+        denominator; the sampler's log-probs mu stay as `behaviour_logprobs`, and each token (or sequence) is
+        weighted by pi_old / mu, truncated or masked (`algos.correction`)."""
+        algo = self.cfg.algo
+        with timer("recompute"):
+            old = self.recompute(batch)
+        batch.behaviour_logprobs, batch.old_logprobs = batch.old_logprobs, old
+        batch.is_weights, metrics = rollout_correction(old, batch.behaviour_logprobs, batch.response_mask,
+                                                       mode=algo.correction, level=algo.correction_level,
+                                                       cap=algo.correction_cap)
+        return metrics
+
+    @torch.no_grad()
+    def recompute(self, batch: RolloutBatch) -> torch.Tensor:
+        """The current policy's log-probs of the batch's response tokens (B, R), as the update computes them."""
+        policy, out = self.state.policy, torch.zeros_like(batch.old_logprobs)
+        device = next(policy.parameters()).device
+        without_dropout(policy)
+        try:
+            for index in torch.arange(len(batch)).chunk(self.cfg.algo.minibatches):
+                mb = batch.select(index).trim().to(device)
+                with self.autocast():
+                    logprobs, _ = response_logprobs(policy, mb.prompt_ids, mb.prompt_mask, mb.response_ids,
+                                                    mb.attention, temperature=self.engine.sampling.temperature)
+                out[index, : logprobs.shape[1]] = logprobs.float().cpu()
+        finally:
+            policy.train()
+        return out * batch.response_mask
 
     def estimate(self, batch: RolloutBatch) -> None:
         algo = self.cfg.algo
@@ -233,6 +295,7 @@ class RLTrainer:
         try:
             return self._run(tracker)
         finally:
+            self.pool.close()
             self.state.saver.close()
             if previous is not None:
                 signal.signal(signal.SIGTERM, previous)
@@ -256,7 +319,7 @@ class RLTrainer:
             out_of_time = cfg.train.max_time_s is not None and time.monotonic() - began >= cfg.train.max_time_s
             if step % cfg.checkpoint.every == 0 or step == cfg.train.steps or out_of_time or self.stop_signal:
                 start = time.perf_counter()
-                state.save(step, cfg.to_yaml())
+                state.save(step, cfg.to_yaml(), lookahead=self.lookahead(step))
                 pending_checkpoint_s = time.perf_counter() - start
             if self.stop_signal:
                 state.saver.close()

@@ -10,7 +10,7 @@ module). The RL loop gets it ready-made and only calls `save`.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -25,6 +25,9 @@ from tempering.models.lora import add_adapters
 from tempering.training.critic import Critic
 from tempering.training.optim import make_optimizer, make_scheduler
 from tempering.types import Task
+
+
+LOOKAHEAD = "lookahead.pt"
 
 
 @dataclass
@@ -42,6 +45,10 @@ class TrainState:
     critic_optimizer: torch.optim.Optimizer | None = None
     step: int = 0
     """The last completed step (0 = a fresh run)."""
+    lookahead: dict = field(default_factory=dict)
+    """Asynchronous rollouts: step -> the finished batch (a `Rollout`) of each step after `step` that was
+    sampled before the checkpoint (`rollout.max_staleness` of them); restored so a resumed run trains on
+    exactly what an uninterrupted one would."""
 
     @classmethod
     def build_or_resume(cls, cfg: RunConfig, run_dir: Path, train_tasks: list[Task], start_model_dir: Path,
@@ -84,24 +91,36 @@ class TrainState:
                 state.critic_optimizer.load_state_dict(torch.load(latest.path / "critic" / "optimizer.pt",
                                                                   map_location="cpu", weights_only=False))
             state.step = latest.step
+            if (latest.path / LOOKAHEAD).is_file():
+                state.lookahead = torch.load(latest.path / LOOKAHEAD, map_location="cpu", weights_only=False)
             log(f"resuming from {latest.path.name}")
         return state
 
-    def save(self, step: int, config_yaml: str) -> None:
-        """Snapshot the state now (CPU copies); the saver writes (and uploads) it while training goes on."""
-        extra = None
+    def save(self, step: int, config_yaml: str, lookahead: dict | None = None) -> None:
+        """Snapshot the state now (CPU copies); the saver writes (and uploads) it while training goes on.
+        `lookahead`: the finished batches of later steps (asynchronous rollouts), saved with it."""
+        writers = []
         if self.critic is not None:
             critic, optimizer = self.critic, copy.deepcopy(self.critic_optimizer.state_dict())
             backbone, head = ckpt.cpu_copy(critic.backbone.state_dict()), ckpt.cpu_copy(critic.head.state_dict())
 
-            def extra(directory: Path) -> None:
+            def write_critic(directory: Path) -> None:
                 critic.save_snapshot(directory / "critic", backbone, head)
                 torch.save(optimizer, directory / "critic" / "optimizer.pt")
+
+            writers.append(write_critic)
+        if lookahead:
+            later = copy.deepcopy(lookahead)  # the next steps train on these while the saver writes
+            writers.append(lambda directory: torch.save(later, directory / LOOKAHEAD))
+
+        def extra(directory: Path) -> None:
+            for write in writers:
+                write(directory)
 
         self.saver.save(ckpt.snapshot(
             step, model=self.policy, tokenizer=self.tokenizer, optimizer=self.optimizer, scheduler=self.scheduler,
             trainer_state={"sampler": self.sampler.state_dict(), "kl": self.kl.state_dict()},
-            config_yaml=config_yaml, extra=extra))
+            config_yaml=config_yaml, extra=extra if writers else None))
 
 
 def load_policy(cfg: RunConfig, start_model_dir: Path, model_dir: Path) -> torch.nn.Module:

@@ -31,3 +31,9 @@ class LossInputs:
     old_logprobs: Tensor
     advantages: Tensor
     mask: Tensor
+    weights: Tensor | None = None
+    """Per-token importance weights of the mismatch correction (`algos.correction`), no gradient; None = 1."""
+
+    def weighted(self, losses: Tensor) -> Tensor:
+        """Per-token losses times the correction's weights (before aggregation)."""
+        return losses if self.weights is None else losses * self.weights

@@ -89,7 +89,7 @@ def ppo_clip_loss(
         capped = torch.minimum(losses, -advantages * clip_ratio_c)
         dual = (advantages < 0) & (capped < losses)
         losses = torch.where(advantages < 0, capped, losses)
-    loss = aggregate(losses, mask, loss_agg, norm_length=norm_length)
+    loss = aggregate(x.weighted(losses), mask, loss_agg, norm_length=norm_length)
     with torch.no_grad():
         metrics = {
             "pg_clipfrac": masked_mean((clipped > unclipped).float(), mask),
@@ -104,7 +104,7 @@ def vanilla_pg_loss(x: LossInputs, *, loss_agg: str = "token-mean", norm_length:
                     **_: object) -> tuple[Tensor, dict[str, Tensor]]:
     """Plain policy gradient: -A_t * r_t (equal to -A_t log pi at r = 1, with the same gradient)."""
     ratio = torch.exp(x.logprobs - x.old_logprobs)
-    loss = aggregate(-x.advantages * ratio, x.mask, loss_agg, norm_length=norm_length)
+    loss = aggregate(x.weighted(-x.advantages * ratio), x.mask, loss_agg, norm_length=norm_length)
     with torch.no_grad():
         metrics = {"pg_clipfrac": x.logprobs.new_zeros(()),
                    "ppo_kl": masked_mean(x.old_logprobs - x.logprobs, x.mask)}

@@ -21,7 +21,7 @@ class RolloutBatch:
     prompt_mask: Tensor                   # (B, P)
     response_ids: Tensor                  # (B, R) right-padded
     response_mask: Tensor                 # (B, R) float: 1.0 on tokens the policy generated (trained on)
-    old_logprobs: Tensor                  # (B, R) log-probs under the policy that sampled them
+    old_logprobs: Tensor                  # (B, R) pi_old: the sampler's log-probs (or the trainer's recompute)
     rewards: Tensor                       # (B,) sequence rewards
     group_ids: Tensor                     # (B,) samples of the same task share an id
     advantages: Tensor | None = None      # (B, R)
@@ -34,6 +34,10 @@ class RolloutBatch:
     (which `response_mask` leaves out of the loss). None = `response_mask`."""
     versions: Tensor | None = None
     """(B,) the policy version (RL step) that sampled each row."""
+    behaviour_logprobs: Tensor | None = None
+    """(B, R) the sampler's log-probs, when the trainer recomputed `old_logprobs` (`algo.correction`)."""
+    is_weights: Tensor | None = None
+    """(B, R) the mismatch correction's importance weights pi_old / mu, truncated or masked (no gradient)."""
 
     @property
     def attention(self) -> Tensor:
@@ -82,8 +86,11 @@ def concat_batches(batches: list[RolloutBatch]) -> RolloutBatch:
 
     def cat(name: str, left: bool) -> Tensor | None:
         ts = [getattr(b, name) for b in batches]
-        if any(t is None for t in ts):
+        if all(t is None for t in ts):
             return None
+        if any(t is None for t in ts):  # e.g. token rewards in some parts only: zeros where a part has none
+            ts = [torch.zeros_like(b.response_mask, dtype=t0.dtype) if t is None else t
+                  for b, t in zip(batches, ts) for t0 in [next(x for x in ts if x is not None)]]
         if ts[0].dim() == 1:
             return torch.cat(ts)
         width = max(t.shape[1] for t in ts)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 from tempering.envs import EnvContext, Environment, make_env
-from tempering.rollout.batch import RolloutBatch
+from tempering.rollout.batch import RolloutBatch, concat_batches
 from tempering.rollout.chat import Conversation, chat_format
 from tempering.rollout.engine import Engine
 from tempering.types import RewardResult, Task, Turn
@@ -33,9 +33,10 @@ from tempering.types import RewardResult, Task, Turn
 class Episode:
     task: Task
     group_id: int
-    env: Environment
+    env: Environment | None
+    """None once `detach`ed."""
     prompt_ids: list[int]
-    conversation: Conversation
+    conversation: Conversation | None
     ids: list[int] = field(default_factory=list)
     """Every token after the prompt: actions and observations."""
     policy: list[bool] = field(default_factory=list)
@@ -51,6 +52,12 @@ class Episode:
     """Why the `stop` rule ended the episode early (None: it did not)."""
     version: int = 0
     """The policy version that sampled the episode's actions."""
+
+    def detach(self) -> Episode:
+        """The episode as plain data (no live environment, no conversation object): what crosses processes
+        and goes into a checkpoint once it has been rewarded."""
+        self.env = self.conversation = None
+        return self
 
     @property
     def success(self) -> bool:
@@ -74,19 +81,22 @@ def run_episodes(
     chat: str = "auto",
     timer: Callable[[str], AbstractContextManager] | None = None,
     stop: Callable[[Episode], str | None] | None = None,
+    first_task: int = 0,
 ) -> list[Episode]:
     """`group_size` episodes per task (consecutive), each up to `ctx.max_turns` turns, sampled by `engine`.
     `timer(name)` (optional) times the phases: `gen` (generation) and `reward` (environment steps).
-    `stop(episode)`, asked after each turn that did not end the episode, may end it with a reason."""
+    `stop(episode)`, asked after each turn that did not end the episode, may end it with a reason.
+    `first_task`: the index of `tasks[0]` in its whole round (a shard's): group ids and environment seeds are
+    the round's."""
     timer = timer or (lambda name: nullcontext())
     tokenizer, max_new_tokens = engine.tokenizer, engine.sampling.max_new_tokens
     fmt = chat_format(tokenizer, chat)
     episodes = []
     for i in range(len(tasks) * group_size):
-        task = tasks[i // group_size]
-        env = make_env(task, ctx, seed=seed * 100_003 + i)
+        task, index = tasks[i // group_size], first_task * group_size + i
+        env = make_env(task, ctx, seed=seed * 100_003 + index)
         prompt_ids, conv = fmt.start(env.reset(task), tools=env.tool_schemas())
-        episodes.append(Episode(task, i // group_size, env, prompt_ids, conv))
+        episodes.append(Episode(task, index // group_size, env, prompt_ids, conv))
     active = list(episodes)
     with ThreadPoolExecutor(max_workers=8, thread_name_prefix="env") as pool:
         for turn in range(ctx.max_turns):
@@ -165,3 +175,15 @@ class Rollout:
     batch: RolloutBatch
     metrics: dict[str, float] = field(default_factory=dict)
     """DAPO's dynamic-sampling counts, when it is on."""
+    timings: dict[str, float] = field(default_factory=dict)
+    """Seconds of its phases (`timing_s/gen`, `timing_s/reward`), wherever it ran."""
+
+
+def merge_rollouts(parts: list[Rollout]) -> Rollout:
+    """One rollout of several (a round's shards, DAPO's rounds): episodes and rows in order, times summed."""
+    timings: dict[str, float] = {}
+    for p in parts:
+        for k, v in p.timings.items():
+            timings[k] = timings.get(k, 0.0) + v
+    return Rollout([e for p in parts for e in p.episodes], [x for p in parts for x in p.rewards],
+                   concat_batches([p.batch for p in parts]), {k: v for p in parts for k, v in p.metrics.items()}, timings)

@@ -54,7 +54,7 @@ def update_policy(
                 temperature=temperature, with_entropy=True,
             )
             pg_loss, pg_metrics = policy_loss(
-                LossInputs(logprobs, mb.old_logprobs, mb.advantages, mask),
+                LossInputs(logprobs, mb.old_logprobs, mb.advantages, mask, mb.is_weights),
                 clip_ratio=clip_ratio, clip_ratio_low=clip_ratio_low,
                 clip_ratio_high=clip_ratio_high, clip_ratio_c=clip_ratio_c, loss_agg=loss_agg, norm_length=norm_length,
             )
