@@ -30,7 +30,13 @@ from tempering.algos.correction import rollout_correction
 from tempering.config import RunConfig
 from tempering.distributed.canary import Probe
 from tempering.distributed.pool import make_pool
-from tempering.distributed.schedule import behaviour_version, shard_specs, staleness_metrics, step_generator, step_seed
+from tempering.distributed.schedule import (
+    behaviour_version,
+    shard_specs,
+    staleness_metrics,
+    step_generator,
+    step_seed,
+)
 from tempering.errors import Preempted
 from tempering.eval.evaluate import validation_metrics
 from tempering.models.forward import response_logprobs

@@ -26,7 +26,6 @@ from tempering.training.critic import Critic
 from tempering.training.optim import make_optimizer, make_scheduler
 from tempering.types import Task
 
-
 LOOKAHEAD = "lookahead.pt"
 
 

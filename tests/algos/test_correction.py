@@ -31,7 +31,7 @@ def test_token_mis_drops_the_tokens_over_the_cap():
 def test_sequence_level_uses_the_geometric_mean_of_the_sequence():
     w, _ = rollout_correction(OLD, MU, MASK, mode="tis", level="sequence", cap=2.0)
     first = math.exp((0.5 - 1.0 + 0.0) / 3)   # mean log-ratio over its 3 tokens
-    second = math.exp((0.0 + 1.5) / 2)       # 2.117 -> capped at 2
+    assert math.exp((0.0 + 1.5) / 2) > 2.0     # the second sequence: capped
     assert torch.allclose(w, torch.tensor([[first] * 3 + [0.0], [2.0, 2.0, 0.0, 0.0]]))
     w, _ = rollout_correction(OLD, MU, MASK, mode="mis", level="sequence", cap=2.0)
     assert w.tolist() == [[1.0, 1.0, 1.0, 0.0], [0.0, 0.0, 0.0, 0.0]]
