@@ -1,0 +1,137 @@
+"""The Ray backend on a local loopback cluster: the same rows as the local backend (synchronous, and
+asynchronous with shards on two workers), a killed worker's shards re-sent with identical results, the
+weight-sync canary against three sabotaged syncs, and exact resume of an asynchronous run."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.test_e2e import ROOT, metrics, tempering
+
+ray = pytest.importorskip("ray")
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+SHORT = ("sft.steps=8", "train.steps=4")
+ASYNC = ("rollout.max_staleness=1", "rollout.shards=4")
+TWO = ("distributed.backend=ray", "rollout.workers=2", "rollout.worker_cpus=0.5")
+POOL = ("timing_s/", "perf/", "dist/", "sync/")  # the pool's own figures: where and how long, not what
+
+
+def same(rows):
+    return [{k: v for k, v in r.items() if not k.startswith(POOL)} for r in rows]
+
+
+def run(run_dir, *overrides):
+    tempering("train", "configs/smoke.yaml", f"run.dir={run_dir}", *SHORT, *overrides)
+    return metrics(run_dir)
+
+
+def run_here(run_dir, *overrides) -> int:
+    """The run in this process (so a test can patch the pool); the CLI's exit code."""
+    from tempering.cli import main
+
+    return main(["train", str(ROOT / "configs" / "smoke.yaml"), f"run.dir={run_dir}", *SHORT, *overrides])
+
+
+@pytest.fixture(scope="module")
+def local_async(tmp_path_factory):
+    return run(tmp_path_factory.mktemp("local") / "async", *ASYNC)
+
+
+def test_one_synchronous_worker_writes_the_local_backends_rows(tmp_path):
+    local = run(tmp_path / "local")
+    remote = run(tmp_path / "ray", "distributed.backend=ray")
+    compared = {k for r in same(local) for k in r}
+    assert len(compared) >= 30
+    assert same(remote) == same(local)
+    assert all(r["sync/canary_max_abs_diff"] == 0.0 and r["dist/workers"] == 1 for r in remote)
+
+
+def test_two_asynchronous_workers_write_the_local_backends_rows(tmp_path, local_async):
+    remote = run(tmp_path / "ray", *ASYNC, *TWO)
+    assert same(remote) == same(local_async)
+    assert [r["async/staleness/max"] for r in remote] == [0, 1, 1, 1]
+
+
+def test_a_killed_worker_s_shards_are_re_sent_and_nothing_changes(tmp_path, local_async, monkeypatch):
+    from tempering.distributed.ray_pool import RayPool
+
+    submit, killed = RayPool.submit, []
+
+    def submit_then_kill(self, specs):
+        if not hasattr(self, "pids"):
+            self.pids = self.worker_pids()  # while the workers are idle
+        ticket = submit(self, specs)
+        if specs[0].step == 3 and not killed:  # step 3's shards are on their way: worker 0 dies now
+            os.kill(self.pids[0], signal.SIGKILL)
+            killed.append(self.pids[0])
+        return ticket
+
+    monkeypatch.setattr(RayPool, "submit", submit_then_kill)
+    assert run_here(tmp_path / "killed", *ASYNC, *TWO) == 0
+    rows = metrics(tmp_path / "killed")
+    assert killed and sum(r["dist/shard_retries"] for r in rows) >= 1
+    assert same(rows) == same(local_async)
+    samples = [json.loads(line) for f in sorted((tmp_path / "killed" / "samples").glob("step_*.jsonl"))
+               for line in f.read_text().splitlines()]
+    assert len(samples) == 4 * 4 * 4  # steps x prompts x group, none lost, none twice
+
+
+@pytest.mark.parametrize("sabotage, overrides", [
+    ("no-op", ()),
+    ("one tensor skipped", ()),
+    ("LoRA adapters not loaded", ("model.lora.r=4",)),
+])
+def test_a_sync_that_did_not_happen_fails_at_the_first_version(tmp_path, monkeypatch, capsys, sabotage, overrides):
+    from tempering.distributed.ray_pool import RayPool
+
+    def noop(model, arrays):
+        pass
+
+    def skip_one(model, arrays):
+        from tempering.distributed.weights import load_numpy
+
+        load_numpy(model, dict(list(arrays.items())[1:]))
+
+    def no_adapters(model, arrays):
+        from tempering.distributed.weights import load_numpy
+
+        load_numpy(model, {k: v for k, v in arrays.items() if "lora_" not in k})
+
+    load = {"no-op": noop, "one tensor skipped": skip_one, "LoRA adapters not loaded": no_adapters}[sabotage]
+    monkeypatch.setattr(RayPool, "load", staticmethod(load))
+    assert run_here(tmp_path / "run", "distributed.backend=ray", *overrides) == 2
+    error = capsys.readouterr().err
+    assert "weight sync failed on rollout worker 0 at version 1" in error, error
+    assert "first differing tensor" in error
+    if sabotage == "one tensor skipped":
+        from tempering.distributed.weights import trained
+        from tempering.models.loading import load_model
+
+        first = next(iter(trained(load_model(tmp_path / "run" / "sft" / "model"))))
+        assert f"first differing tensor: {first} (1 of" in error
+    assert [r["step"] for r in metrics(tmp_path / "run")] == [1]  # nothing sampled by unverified weights trained
+
+
+def test_sigterm_at_step_3_then_resume_equals_the_uninterrupted_asynchronous_run(tmp_path, local_async):
+    run_dir = tmp_path / "stopped"
+    proc = subprocess.Popen([sys.executable, "-m", "tempering.cli", "train", "configs/smoke.yaml",
+                             f"run.dir={run_dir}", *SHORT, *ASYNC, *TWO], cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:  # during step 3
+        if (run_dir / "metrics.jsonl").is_file() and len(metrics(run_dir)) >= 2:
+            break
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) == 0, proc.stderr.read()
+    assert "preempted" in proc.stderr.read()
+    stopped_at = len(metrics(run_dir))
+    assert stopped_at < 4 and (run_dir / "checkpoints" / f"step_{stopped_at:06d}" / "lookahead.pt").is_file()
+    resumed = run(run_dir, *ASYNC, *TWO)
+    assert same(resumed) == same(local_async)
