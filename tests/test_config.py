@@ -154,6 +154,13 @@ BAD_VALUES = [
     ({"eval": {"temperature": 0}}, "'eval.temperature'"),
     ({"eval": {"every": -1}}, "'eval.every'"),
     ({"tracking": {"samples_every": -1}}, "'tracking.samples_every'"),
+    ({"rollout": {"shards": 5, "prompts_per_step": 4}}, "rollout.shards: 5 shards of 4 prompts"),
+    ({"rollout": {"max_staleness": -1}}, "'rollout.max_staleness'"),
+    ({"rollout": {"max_staleness": 1}, "algo": {"dynamic_sampling": True}}, "rollout.max_staleness: asynchronous"),
+    ({"rollout": {"engine": "vllm"}, "distributed": {"backend": "ray"}}, "distributed.backend: 'ray' with"),
+    ({"algo": {"correction": "is"}}, "'algo.correction'"),
+    ({"algo": {"correction_cap": 0}}, "'algo.correction_cap'"),
+    ({"distributed": {"backend": "dask"}}, "'distributed.backend'"),
 ]
 
 

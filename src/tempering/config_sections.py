@@ -148,10 +148,6 @@ class RolloutSection(Section):
     run, independent of how many workers there are, so worker counts change timing, never samples."""
     workers: int = Field(1, ge=1)
     """Rollout workers (Ray actors, `distributed.backend: ray`) at the start."""
-    min_workers: int | None = Field(None, ge=1)
-    """Elastic lower bound (default `workers`)."""
-    max_workers: int | None = Field(None, ge=1)
-    """Elastic upper bound (default `workers`): with a backlog of shards the pool grows up to it."""
     worker_cpus: float = Field(1.0, gt=0.0)
     """Ray CPUs reserved per rollout worker."""
 
@@ -371,6 +367,4 @@ class DistributedSection(Section):
     """Largest |log-prob difference| on the probe that passes (fp32, same code: 0.0 measured)."""
     max_retries: int = Field(3, ge=0)
     """Re-sends of one shard whose worker died before the run gives up."""
-    scale_down_idle_s: float = Field(10.0, gt=0.0)
-    """A worker above `rollout.min_workers` idle this long is retired."""
 
