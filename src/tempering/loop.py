@@ -37,6 +37,7 @@ from tempering.distributed.schedule import (
     step_generator,
     step_seed,
 )
+from tempering.distributed.source import RolloutSource
 from tempering.errors import Preempted
 from tempering.eval.evaluate import validation_metrics
 from tempering.models.forward import response_logprobs
@@ -45,7 +46,6 @@ from tempering.rollout.batch import RolloutBatch
 from tempering.rollout.chat import chat_format
 from tempering.rollout.engine import SamplingParams, make_engine
 from tempering.rollout.episodes import Rollout, merge_rollouts
-from tempering.rollout.source import RolloutSource
 from tempering.sandbox import Sandbox
 from tempering.state import TrainState
 from tempering.tracking import Timer, Tracker

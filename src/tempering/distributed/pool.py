@@ -11,8 +11,8 @@ import torch
 
 from tempering.config import RunConfig
 from tempering.distributed.schedule import ShardSpec
+from tempering.distributed.source import RolloutSource
 from tempering.rollout.episodes import Rollout, merge_rollouts
-from tempering.rollout.source import RolloutSource
 
 
 class Pool(Protocol):

@@ -48,7 +48,7 @@ class RolloutWorker:
     def __init__(self, cfg_yaml: str, init: list, load: Callable | None = None):
         import yaml
 
-        from tempering.rollout.source import RolloutSource
+        from tempering.distributed.source import RolloutSource
         from tempering.workspace import make_sandbox
 
         cfg = RunConfig.model_validate(yaml.safe_load(cfg_yaml))
