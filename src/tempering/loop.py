@@ -57,6 +57,13 @@ from tempering.types import Task
 __all__ = ["RLTrainer", "StepResult", "step_generator", "step_seed"]
 
 
+def _add_times(timer: Timer, rollout: Rollout) -> Rollout:
+    """The phases a rollout timed where it ran (generation, environments, reward) join the step's."""
+    for k, v in rollout.timings.items():
+        timer.seconds[k] = timer.seconds.get(k, 0.0) + v
+    return rollout
+
+
 @dataclass
 class StepResult:
     """What one step leaves for the log: its metric row and its sample rows."""
@@ -94,8 +101,6 @@ class RLTrainer:
             self.submit_ahead(step)
             rollout = self.collect(step, timer)
             batch = rollout.batch
-            for k, v in rollout.timings.items():  # where the shards ran: generation, environments, reward
-                timer.seconds[k] = timer.seconds.get(k, 0.0) + v
             if len(batch) == 0:  # dynamic sampling found no group with a learning signal
                 return StepResult({"actor/trained_fraction": 0.0, **rollout.metrics, **timer.seconds})
             metrics = self.score(batch, timer)
@@ -154,12 +159,13 @@ class RLTrainer:
         algo, want = self.cfg.algo, self.cfg.rollout.prompts_per_step
         with timer("wait"):
             first = self.take(step)
+        _add_times(timer, first)
         if not algo.dynamic_sampling:
             return first
         parts: list[Rollout] = []
         kept = dropped = 0
         for round_ in range(algo.max_sampling_rounds):
-            r = first if round_ == 0 else self.pool.gather(self.send_round(step, round_))
+            r = first if round_ == 0 else _add_times(timer, self.pool.gather(self.send_round(step, round_)))
             # The full score (an episode's outcome plus its process rewards) decides what is informative.
             _, std, _ = group_mean_std(torch.tensor([x.score for x in r.rewards], dtype=torch.float32),
                                        r.batch.group_ids)
@@ -169,11 +175,10 @@ class RLTrainer:
             dropped += want - len({int(r.batch.group_ids[i]) for i in informative})
             kept += len(groups)
             parts.append(Rollout([r.episodes[i] for i in rows], [r.rewards[i] for i in rows],
-                                 r.batch.select(torch.tensor(rows, dtype=torch.long)), timings=r.timings))
+                                 r.batch.select(torch.tensor(rows, dtype=torch.long))))
             if kept >= want:
                 break
         merged = merge_rollouts([p for p in parts if p.episodes] or parts[:1])
-        merged.timings = merge_rollouts(parts).timings
         merged.metrics = {"dapo/kept_groups": kept, "dapo/dropped_groups": dropped, "dapo/rounds": round_ + 1}
         return merged
 

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from tempering.errors import TemperingError
+from tempering.rollout.generate import left_pad
 
 
 class WeightSyncError(TemperingError):
@@ -30,8 +31,6 @@ class Probe:
 
     @classmethod
     def build(cls, prompts: list[list[int]], vocab_size: int, seed: int, tokens: int = 32) -> Probe:
-        from tempering.rollout.generate import left_pad
-
         prompt_ids, prompt_mask = left_pad(prompts, 0)
         g = torch.Generator().manual_seed(seed)
         response = torch.randint(0, vocab_size, (len(prompts), tokens), generator=g)

@@ -82,20 +82,18 @@ class RayPool:
     """How workers load published arrays into their model (None: `weights.load_numpy`); tests sabotage it."""
 
     def __init__(self, cfg: RunConfig, model: torch.nn.Module, tokenizer, probe: canary.Probe, *, reference,
-                 load: Callable | None = None, log=print):
-        """`reference`: the driver's own engine over the trainer's policy (the canary's expected values).
-        `load(model, arrays)` replaces `weights.load_numpy` in the workers."""
+                 log=print):
+        """`reference`: the driver's own engine over the trainer's policy (the canary's expected values)."""
         d, ro = cfg.distributed, cfg.rollout
         self.cfg, self.probe, self.reference, self.log = cfg, probe, reference, log
         self.started = start_ray(d.address, d.num_cpus)
         self.init = ray.put((model, tokenizer))
         self.options = {"num_cpus": ro.worker_cpus}
-        self.args = (cfg.to_yaml(), [self.init], load or self.load)
+        self.args = (cfg.to_yaml(), [self.init], self.load)
         self.workers = [self._new_worker() for _ in range(ro.workers)]
         self.refs: dict[int, ray.ObjectRef] = {}
         self.expected: dict[int, tuple[torch.Tensor, dict[str, float]]] = {}
         self.last_checked: dict[int, tuple[int, torch.Tensor]] = {}
-        self.latest = -1
         self.step_metrics: dict[str, float] = {}
 
     def _new_worker(self):
@@ -109,7 +107,6 @@ class RayPool:
         d = self.cfg.distributed
         if d.canary_every and version % d.canary_every == 0:
             self.expected[version] = self.probe.logprobs(self.reference), fingerprints(model)
-        self.latest = version
         k = self.cfg.rollout.max_staleness
         for old in [v for v in self.refs if v < version - k]:
             del self.refs[old]  # no shard of an older version will be sent again
