@@ -161,6 +161,7 @@ BAD_VALUES = [
     ({"algo": {"correction": "is"}}, "'algo.correction'"),
     ({"algo": {"correction_cap": 0}}, "'algo.correction_cap'"),
     ({"distributed": {"backend": "dask"}}, "'distributed.backend'"),
+    ({"rollout": {"workers": 3, "max_workers": 2}}, "rollout.workers: 3 is outside [min_workers 3, max_workers 2]"),
 ]
 
 

@@ -159,6 +159,9 @@ def _check_distributed(cfg: RunConfig) -> None:
     if ro.shards > ro.prompts_per_step:
         raise ValueError(f"rollout.shards: {ro.shards} shards of {ro.prompts_per_step} prompts per step leave some "
                          "empty; use at most rollout.prompts_per_step")
+    low, high = ro.min_workers or ro.workers, ro.max_workers or ro.workers
+    if not low <= ro.workers <= high:
+        raise ValueError(f"rollout.workers: {ro.workers} is outside [min_workers {low}, max_workers {high}]")
     if ro.max_staleness and cfg.algo.dynamic_sampling:
         raise ValueError("rollout.max_staleness: asynchronous rollouts with algo.dynamic_sampling are not supported "
                          "(a step's extra sampling rounds would need the older policy again); set one of them off")

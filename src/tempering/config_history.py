@@ -36,6 +36,8 @@ MUTABLE: tuple[str, ...] = (
     "sandbox.url",        # the same executions on a service
     "distributed",        # where rollouts run: the same shards give the same samples anywhere
     "rollout.workers",    # how many workers run the (fixed) shards
+    "rollout.min_workers",
+    "rollout.max_workers",
     "rollout.worker_cpus",
 )
 """Keys (or whole sections) a resumed run may change without `--allow-config-change`."""

@@ -148,6 +148,10 @@ class RolloutSection(Section):
     run, independent of how many workers there are, so worker counts change timing, never samples."""
     workers: int = Field(1, ge=1)
     """Rollout workers (Ray actors, `distributed.backend: ray`) at the start."""
+    min_workers: int | None = Field(None, ge=1)
+    """Elastic lower bound (default `workers`): idle workers above it are retired."""
+    max_workers: int | None = Field(None, ge=1)
+    """Elastic upper bound (default `workers`): while shards queue up, workers are added up to it."""
     worker_cpus: float = Field(1.0, gt=0.0)
     """Ray CPUs reserved per rollout worker."""
 
@@ -367,4 +371,9 @@ class DistributedSection(Section):
     """Largest |log-prob difference| on the probe that passes (fp32, same code: 0.0 measured)."""
     max_retries: int = Field(3, ge=0)
     """Re-sends of one shard whose worker died before the run gives up."""
+    scale_check_s: float = Field(2.0, gt=0.0)
+    """How often the pool looks at its queue: a backlog of at least as many shards as workers at two checks in a
+    row adds a worker (up to `rollout.max_workers`)."""
+    scale_down_idle_s: float = Field(10.0, gt=0.0)
+    """A worker above `rollout.min_workers` idle this long is retired."""
 

@@ -135,3 +135,17 @@ def test_sigterm_at_step_3_then_resume_equals_the_uninterrupted_asynchronous_run
     assert stopped_at < 4 and (run_dir / "checkpoints" / f"step_{stopped_at:06d}" / "lookahead.pt").is_file()
     resumed = run(run_dir, *ASYNC, *TWO)
     assert same(resumed) == same(local_async)
+
+
+def test_the_pool_grows_with_a_backlog_and_shrinks_when_idle_and_nothing_changes(tmp_path):
+    """One worker at the start, up to three: the first steps queue 8 shards (steps 1 and 2, k=1), so workers are
+    added; a slow update (16 PPO epochs) leaves them idle, so they are retired. The rows are the local run's."""
+    slow = (*ASYNC, "algo.ppo_epochs=16")
+    local = run(tmp_path / "local", *slow)
+    assert run_here(tmp_path / "elastic", *slow, "distributed.backend=ray", "rollout.workers=1",
+                    "rollout.max_workers=3", "rollout.worker_cpus=0.5", "distributed.scale_check_s=0.05",
+                    "distributed.scale_down_idle_s=0.2") == 0
+    rows = metrics(tmp_path / "elastic")  # (each event is also a log line: "scale up: 1 -> 2 rollout workers ...")
+    assert sum(r["dist/scale_ups"] for r in rows) >= 1 and sum(r["dist/scale_downs"] for r in rows) >= 1
+    assert max(r["dist/workers"] for r in rows) >= 2
+    assert same(rows) == same(local)

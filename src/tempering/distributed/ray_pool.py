@@ -15,7 +15,11 @@ the same: no sample is lost or counted twice, by construction. Results are keyed
 from __future__ import annotations
 
 import os
+import threading
+import time
+from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import ray
 import torch
@@ -77,6 +81,17 @@ class RolloutWorker:
         self.sandbox.close()
 
 
+@dataclass(eq=False)
+class _Shard:
+    """One shard's way through the pool: queued, sent to a worker (`future`), re-queued if that worker died."""
+
+    spec: ShardSpec
+    future: ray.ObjectRef | None = None
+    worker: int = -1
+    attempts: int = 0
+    sent: threading.Event = field(default_factory=threading.Event)
+
+
 class RayPool:
     load: Callable | None = None
     """How workers load published arrays into their model (None: `weights.load_numpy`); tests sabotage it."""
@@ -86,60 +101,140 @@ class RayPool:
         """`reference`: the driver's own engine over the trainer's policy (the canary's expected values)."""
         d, ro = cfg.distributed, cfg.rollout
         self.cfg, self.probe, self.reference, self.log = cfg, probe, reference, log
+        self.min_workers, self.max_workers = ro.min_workers or ro.workers, ro.max_workers or ro.workers
         self.started = start_ray(d.address, d.num_cpus)
         self.init = ray.put((model, tokenizer))
-        self.options = {"num_cpus": ro.worker_cpus}
         self.args = (cfg.to_yaml(), [self.init], self.load)
-        self.workers = [self._new_worker() for _ in range(ro.workers)]
+        self.workers: list = []
+        self.busy: list[_Shard | None] = []   # per worker: the shard it runs (one at a time)
+        self.starting: list[ray.ObjectRef | None] = []  # per worker: its first answer, until it came
+        self.idle_since: list[float] = []
+        self.queue: deque[_Shard] = deque()
         self.refs: dict[int, ray.ObjectRef] = {}
         self.expected: dict[int, tuple[torch.Tensor, dict[str, float]]] = {}
         self.last_checked: dict[int, tuple[int, torch.Tensor]] = {}
         self.step_metrics: dict[str, float] = {}
+        self.lock, self.wake, self.stop = threading.Lock(), threading.Event(), threading.Event()
+        for _ in range(ro.workers):
+            self._add_worker()
+        self.dispatcher = threading.Thread(target=self._dispatch, name="ray-dispatch", daemon=True)
+        self.dispatcher.start()
 
-    def _new_worker(self):
-        return RolloutWorker.options(**self.options).remote(*self.args)
+    # ------------------------------------------------------------------------------------- workers
+
+    def _add_worker(self) -> None:
+        worker = RolloutWorker.options(num_cpus=self.cfg.rollout.worker_cpus).remote(*self.args)
+        self.workers.append(worker)
+        self.starting.append(worker.pid.remote())  # shards go to it once it answers (a start takes seconds)
+        self.busy.append(None)
+        self.idle_since.append(time.monotonic())
+        self.last_checked.pop(len(self.workers) - 1, None)
+
+    def _retire_worker(self) -> None:
+        """The last worker goes (only ever when it runs nothing)."""
+        worker = self.workers.pop()
+        self.starting.pop()
+        self.busy.pop()
+        self.idle_since.pop()
+        _close(worker)
+
+    def _scale(self, backlog_checks: list[int]) -> None:
+        """Elastic workers: one more while the queue has held at least as many shards as there are workers at
+        two checks in a row; one fewer when the last worker has been idle for `distributed.scale_down_idle_s`."""
+        n, d = len(self.workers), self.cfg.distributed
+        if n < self.max_workers and len(backlog_checks) >= 2 and min(backlog_checks[-2:]) >= n:
+            self._add_worker()
+            self.log(f"scale up: {n} -> {n + 1} rollout workers (backlog {backlog_checks[-1]} shards)")
+            self._add("dist/scale_ups", 1)
+            backlog_checks.clear()
+        elif (n > self.min_workers and self.busy[-1] is None and not self.queue
+              and time.monotonic() - self.idle_since[-1] >= d.scale_down_idle_s):
+            self._retire_worker()
+            self.log(f"scale down: {n} -> {n - 1} rollout workers (idle {d.scale_down_idle_s:g} s)")
+            self._add("dist/scale_downs", 1)
 
     # ------------------------------------------------------------------------------------- weights
 
     def publish(self, version: int, model: torch.nn.Module) -> None:
         self.reference.load_weights(model.state_dict(), version=version)
-        self.refs[version] = ray.put(to_numpy(model))
-        d = self.cfg.distributed
-        if d.canary_every and version % d.canary_every == 0:
-            self.expected[version] = self.probe.logprobs(self.reference), fingerprints(model)
-        k = self.cfg.rollout.max_staleness
-        for old in [v for v in self.refs if v < version - k]:
-            del self.refs[old]  # no shard of an older version will be sent again
-        for old in [v for v in self.expected if v < version - k - 1]:
-            del self.expected[old]  # one more kept: the movement check compares with it
+        ref = ray.put(to_numpy(model))
+        d, k = self.cfg.distributed, self.cfg.rollout.max_staleness
+        expected = self.probe.logprobs(self.reference), fingerprints(model)
+        with self.lock:
+            self.refs[version] = ref
+            if d.canary_every and version % d.canary_every == 0:
+                self.expected[version] = expected
+            for old in [v for v in self.refs if v < version - k]:
+                del self.refs[old]  # no shard of an older version will be sent again
+            for old in [v for v in self.expected if v < version - k - 1]:
+                del self.expected[old]  # one more kept: the movement check compares with it
 
     # -------------------------------------------------------------------------------------- shards
 
-    def submit(self, specs: list[ShardSpec]) -> list[list]:
-        return [self._send(spec, spec.shard % len(self.workers), attempts=0) for spec in specs]
+    def submit(self, specs: list[ShardSpec]) -> list[_Shard]:
+        shards = [_Shard(spec) for spec in specs]
+        with self.lock:
+            self.queue.extend(shards)
+        self.wake.set()
+        return shards
 
-    def _send(self, spec: ShardSpec, worker: int, attempts: int) -> list:
-        probe = self.probe if spec.version in self.expected else None
-        future = self.workers[worker].run.remote(spec, [self.refs[spec.version]], probe)
-        return [spec, worker, future, attempts]
+    def _dispatch(self) -> None:
+        """The dispatcher thread: give each idle worker the next queued shard, notice finished ones, and resize
+        the pool every `distributed.scale_check_s`."""
+        checks: list[int] = []
+        next_check = time.monotonic()
+        while not self.stop.is_set():
+            with self.lock:
+                for w, ref in enumerate(self.starting):
+                    if ref is not None and ray.wait([ref], timeout=0)[0]:
+                        self.starting[w] = None
+                for w, running in enumerate(self.busy):
+                    if running is None and self.starting[w] is None and self.queue:
+                        self._send(self.queue.popleft(), w)
+                if time.monotonic() >= next_check:
+                    checks.append(len(self.queue))
+                    self._scale(checks)
+                    next_check = time.monotonic() + self.cfg.distributed.scale_check_s
+                running = [s.future for s in self.busy if s is not None]
+            if running:
+                ray.wait(running, num_returns=1, timeout=0.01)
+            else:
+                self.wake.wait(0.01)
+                self.wake.clear()
+            with self.lock:
+                finished = {f for f in ray.wait(running, num_returns=len(running), timeout=0)[0]} if running else set()
+                for w, shard in enumerate(self.busy):
+                    if shard is not None and shard.future in finished:
+                        self.busy[w], self.idle_since[w] = None, time.monotonic()
 
-    def gather(self, ticket: list[list]) -> Rollout:
+    def _send(self, shard: _Shard, worker: int) -> None:
+        version = shard.spec.version
+        probe = self.probe if version in self.expected else None
+        shard.future = self.workers[worker].run.remote(shard.spec, [self.refs[version]], probe)
+        shard.worker, self.busy[worker] = worker, shard
+        shard.sent.set()
+
+    def gather(self, ticket: list[_Shard]) -> Rollout:
         parts = []
-        for entry in ticket:
+        for shard in ticket:
             while True:
-                spec, worker, future, attempts = entry
+                shard.sent.wait()
                 try:
-                    rollout, check = ray.get(future)
+                    rollout, check = ray.get(shard.future)
                     break
                 except DIED as e:
-                    if attempts >= self.cfg.distributed.max_retries:
-                        raise RuntimeError(f"shard {spec.key} failed {attempts + 1} times; last: {e}") from e
-                    self._add("dist/shard_retries", 1)
-                    self.log(f"rollout worker {worker} died during shard {spec.key}: re-sent")
-                    self.last_checked.pop(worker, None)
-                    entry[:] = self._send(spec, (worker + 1) % len(self.workers), attempts + 1)
+                    if shard.attempts >= self.cfg.distributed.max_retries:
+                        raise RuntimeError(f"shard {shard.spec.key} failed {shard.attempts + 1} times; last: {e}") from e
+                    self.log(f"rollout worker {shard.worker} died during shard {shard.spec.key}: re-sent")
+                    with self.lock:
+                        self._add("dist/shard_retries", 1)
+                        self.last_checked.pop(shard.worker, None)
+                        shard.attempts += 1
+                        shard.sent.clear()
+                        self.queue.appendleft(shard)
+                    self.wake.set()
             if check is not None:
-                self._check(worker, spec.version, *check)
+                self._check(shard.worker, shard.spec.version, *check)
             parts.append(rollout)
         return merge_rollouts(parts)
 
@@ -156,8 +251,10 @@ class RayPool:
 
     def metrics(self) -> dict[str, float]:
         """This step's pool figures (and reset them)."""
-        out = {"dist/workers": float(len(self.workers)), "dist/shard_retries": 0.0, **self.step_metrics}
-        self.step_metrics = {}
+        with self.lock:
+            out = {"dist/workers": float(len(self.workers)), "dist/backlog": float(len(self.queue)),
+                   "dist/shard_retries": 0.0, "dist/scale_ups": 0.0, "dist/scale_downs": 0.0, **self.step_metrics}
+            self.step_metrics = {}
         return out
 
     def _add(self, key: str, value: float) -> None:
@@ -167,12 +264,18 @@ class RayPool:
         return ray.get([w.pid.remote() for w in self.workers])
 
     def close(self) -> None:
+        self.stop.set()
+        self.dispatcher.join()
         for w in self.workers:
-            try:
-                ray.get(w.close.remote(), timeout=10)
-            except Exception:  # noqa: BLE001 - a dead worker has nothing left to close
-                pass
-            ray.kill(w)
+            _close(w)
         self.workers = []
         if self.started:
             ray.shutdown()
+
+
+def _close(worker) -> None:
+    try:
+        ray.get(worker.close.remote(), timeout=10)
+    except Exception:  # noqa: BLE001 - a dead worker has nothing left to close
+        pass
+    ray.kill(worker)
