@@ -370,7 +370,10 @@ class DistributedSection(Section):
     canary_tol: float = Field(1e-4, gt=0.0)
     """Largest |log-prob difference| on the probe that passes (fp32, same code: 0.0 measured)."""
     max_retries: int = Field(3, ge=0)
-    """Re-sends of one shard whose worker died before the run gives up."""
+    """Re-sends of one shard whose worker died (or of one batch whose sandbox actor died) before the run gives up."""
+    sandbox_actors: int = Field(0, ge=0)
+    """0: each rollout worker has its own sandbox pool; n: n sandbox actors (each a pool of `sandbox.workers`)
+    shared by all rollout workers."""
     scale_check_s: float = Field(2.0, gt=0.0)
     """How often the pool looks at its queue: a backlog of at least as many shards as workers at two checks in a
     row adds a worker (up to `rollout.max_workers`)."""

@@ -191,11 +191,15 @@ def _check_outside_inputs(cfg: RunConfig) -> None:
         RemoteStore(cfg.checkpoint.uri, cfg.checkpoint.storage)  # an unknown scheme or missing driver fails here
 
 
+def sandbox_limits(cfg: RunConfig) -> SandboxLimits:
+    s = cfg.sandbox
+    return SandboxLimits(timeout_s=s.timeout_s, cpu_s=s.cpu_s, memory_mb=s.memory_mb,
+                         max_output_bytes=s.max_output_bytes)
+
+
 def make_sandbox(cfg: RunConfig) -> Sandbox:
     """The local worker pool, or the service at `sandbox.url` (checked before training starts)."""
-    s = cfg.sandbox
-    limits = SandboxLimits(timeout_s=s.timeout_s, cpu_s=s.cpu_s, memory_mb=s.memory_mb,
-                           max_output_bytes=s.max_output_bytes)
+    s, limits = cfg.sandbox, sandbox_limits(cfg)
     if s.url:
         remote = RemoteSandbox(s.url, limits)
         remote.health()  # a service that is down is reported now, not after the model is loaded

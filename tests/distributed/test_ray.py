@@ -149,3 +149,40 @@ def test_the_pool_grows_with_a_backlog_and_shrinks_when_idle_and_nothing_changes
     assert sum(r["dist/scale_ups"] for r in rows) >= 1 and sum(r["dist/scale_downs"] for r in rows) >= 1
     assert max(r["dist/workers"] for r in rows) >= 2
     assert same(rows) == same(local)
+
+
+def test_killed_sandbox_actors_have_their_batches_re_sent_and_nothing_changes(tmp_path, local_async, monkeypatch):
+    """Two sandbox actors serve both rollout workers; from step 2 on, sandbox actor 0 is SIGKILLed again and
+    again (Ray restarts it, ~2 s each time) for two seconds: its batches go to the other actor, and the rows are the same."""
+    import threading
+
+    from tempering.distributed.ray_pool import RayPool
+
+    submit, kills = RayPool.submit, []
+
+    def keep_killing(actor):
+        deadline = None
+        while deadline is None or time.monotonic() < deadline:
+            try:
+                pid = ray.get(actor.pid.remote(), timeout=60)
+            except Exception:  # noqa: BLE001 - it is restarting
+                continue
+            deadline = deadline or time.monotonic() + 2.0
+            os.kill(pid, signal.SIGKILL)
+            kills.append(pid)
+            time.sleep(0.15)
+
+    def submit_and_start_killing(self, specs):
+        ticket = submit(self, specs)
+        if specs[0].step == 3 and not kills:  # at the start of step 2: every actor is up and serving
+            threading.Thread(target=keep_killing, args=(self.sandboxes[0],), daemon=True).start()
+        return ticket
+
+    monkeypatch.setattr(RayPool, "submit", submit_and_start_killing)
+    assert run_here(tmp_path / "run", *ASYNC, *TWO, "distributed.sandbox_actors=2") == 0
+    rows = metrics(tmp_path / "run")
+    assert kills and sum(r["dist/sandbox_retries"] for r in rows) >= 1, (kills, [r["dist/sandbox_retries"] for r in rows])
+    assert same(rows) == same(local_async)
+    statuses = [t.get("status") for f in (tmp_path / "run" / "samples").glob("step_*.jsonl")
+                for line in f.read_text().splitlines() for t in json.loads(line)["turns"]]
+    assert "sandbox_error" not in statuses and len(statuses) == 4 * 4 * 4

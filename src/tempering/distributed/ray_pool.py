@@ -23,15 +23,13 @@ from dataclasses import dataclass, field
 
 import ray
 import torch
-from ray.exceptions import ActorUnavailableError, RayActorError
 
 from tempering.config import RunConfig
 from tempering.distributed import canary
+from tempering.distributed.sandbox import DIED, RaySandbox, SandboxActor
 from tempering.distributed.schedule import ShardSpec
 from tempering.distributed.weights import fingerprints, load_numpy, to_numpy
 from tempering.rollout.episodes import Rollout, merge_rollouts
-
-DIED = (RayActorError, ActorUnavailableError)
 
 
 def start_ray(address: str | None, num_cpus: int | None) -> bool:
@@ -49,22 +47,23 @@ def start_ray(address: str | None, num_cpus: int | None) -> bool:
 
 @ray.remote(max_restarts=-1, max_task_retries=0)
 class RolloutWorker:
-    def __init__(self, cfg_yaml: str, init: list, load: Callable | None = None):
+    def __init__(self, cfg_yaml: str, init: list, load: Callable | None = None, sandboxes: list | None = None):
         import yaml
 
         from tempering.distributed.source import RolloutSource
-        from tempering.workspace import make_sandbox
+        from tempering.workspace import make_sandbox, sandbox_limits
 
         cfg = RunConfig.model_validate(yaml.safe_load(cfg_yaml))
         torch.set_num_threads(cfg.run.threads)  # Ray sets OMP threads from num_cpus; same floats need the same
         self.model, tokenizer = ray.get(init[0])
-        self.sandbox = make_sandbox(cfg)
+        self.sandbox = RaySandbox(sandboxes, sandbox_limits(cfg), cfg.distributed.max_retries) if sandboxes \
+            else make_sandbox(cfg)
         self.source = RolloutSource(cfg, self.model, tokenizer, self.sandbox, version=-1)
         self.load, self.loaded = load or load_numpy, None
 
     def run(self, spec: ShardSpec, weights: list, probe: canary.Probe | None):
-        """The shard's rollout, and - when this call loaded a new version and a probe came - the canary's
-        log-probs and the fingerprints of the loaded tensors."""
+        """The shard's rollout; when this call loaded a new version and a probe came, the canary's log-probs and
+        the fingerprints of the loaded tensors; and how many sandbox batches were re-sent (a sandbox actor died)."""
         check = None
         if self.loaded != spec.version:
             self.load(self.model, ray.get(weights[0]))
@@ -72,7 +71,9 @@ class RolloutWorker:
             self.loaded = spec.version
             if probe is not None:
                 check = probe.logprobs(self.source.engine), fingerprints(self.model)
-        return self.source.run(spec), check
+        retried = getattr(self.sandbox, "retries", 0)
+        rollout = self.source.run(spec)
+        return rollout, check, getattr(self.sandbox, "retries", 0) - retried
 
     def pid(self) -> int:
         return os.getpid()
@@ -104,7 +105,9 @@ class RayPool:
         self.min_workers, self.max_workers = ro.min_workers or ro.workers, ro.max_workers or ro.workers
         self.started = start_ray(d.address, d.num_cpus)
         self.init = ray.put((model, tokenizer))
-        self.args = (cfg.to_yaml(), [self.init], self.load)
+        # CPU-less: the executions they run are what uses CPU, and they must never wait for a rollout worker's slot
+        self.sandboxes = [SandboxActor.options(num_cpus=0).remote(cfg.to_yaml()) for _ in range(d.sandbox_actors)]
+        self.args = (cfg.to_yaml(), [self.init], self.load, self.sandboxes)
         self.workers: list = []
         self.busy: list[_Shard | None] = []   # per worker: the shard it runs (one at a time)
         self.starting: list[ray.ObjectRef | None] = []  # per worker: its first answer, until it came
@@ -220,7 +223,7 @@ class RayPool:
             while True:
                 shard.sent.wait()
                 try:
-                    rollout, check = ray.get(shard.future)
+                    rollout, check, sandbox_retries = ray.get(shard.future)
                     break
                 except DIED as e:
                     if shard.attempts >= self.cfg.distributed.max_retries:
@@ -235,6 +238,8 @@ class RayPool:
                     self.wake.set()
             if check is not None:
                 self._check(shard.worker, shard.spec.version, *check)
+            with self.lock:
+                self._add("dist/sandbox_retries", sandbox_retries)
             parts.append(rollout)
         return merge_rollouts(parts)
 
@@ -253,7 +258,7 @@ class RayPool:
         """This step's pool figures (and reset them)."""
         with self.lock:
             out = {"dist/workers": float(len(self.workers)), "dist/backlog": float(len(self.queue)),
-                   "dist/shard_retries": 0.0, "dist/scale_ups": 0.0, "dist/scale_downs": 0.0, **self.step_metrics}
+                   "dist/shard_retries": 0.0, "dist/sandbox_retries": 0.0, "dist/scale_ups": 0.0, "dist/scale_downs": 0.0, **self.step_metrics}
             self.step_metrics = {}
         return out
 
@@ -263,12 +268,15 @@ class RayPool:
     def worker_pids(self) -> list[int]:
         return ray.get([w.pid.remote() for w in self.workers])
 
+    def sandbox_pids(self) -> list[int]:
+        return ray.get([s.pid.remote() for s in self.sandboxes])
+
     def close(self) -> None:
         self.stop.set()
         self.dispatcher.join()
-        for w in self.workers:
-            _close(w)
-        self.workers = []
+        for actor in self.workers + self.sandboxes:
+            _close(actor)
+        self.workers, self.sandboxes = [], []
         if self.started:
             ray.shutdown()
 
