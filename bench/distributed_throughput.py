@@ -2,6 +2,7 @@
 1 and 2 rollout workers - with a model of the throughput built from the measured phases.
 
     .venv/bin/python bench/distributed_throughput.py [--steps 10] [--rounds 1] [--sft-steps 200]
+    .venv/bin/python bench/distributed_throughput.py --sync-cost     # weight sync of SmolLM2 (full and LoRA)
 
 One SFT model is trained once (shortened), then each arm runs `--steps` RL steps of tiny-code from it, arms
 alternated over `--rounds`. Steps 1-2 are left out (warm-up; at k=1 both are sampled by version 0). Printed
@@ -45,12 +46,63 @@ def phases(run_dir: Path) -> dict[str, float]:
     return {k.split("/", 1)[1]: sum(r.get(k, 0.0) for r in rows) / len(rows) for k in keys}
 
 
+def sync_cost(repeats: int = 3) -> None:
+    """Seconds of one weight sync of SmolLM2-135M-Instruct through a local Ray cluster: `publish`'s part (numpy
+    views of the trained tensors, one `ray.put`) and a worker's (get + copy into its parameters), full model
+    and LoRA (r=16, all linear layers: the adapters only), the median of `repeats`."""
+    import statistics
+    import time
+
+    import ray
+    import torch
+
+    from tempering.checkpoint import resolve_model
+    from tempering.distributed.ray_pool import start_ray
+    from tempering.distributed.weights import load_numpy, to_numpy
+    from tempering.models.loading import load_model
+    from tempering.models.lora import add_adapters
+
+    @ray.remote(num_cpus=1)
+    class Holder:
+        def __init__(self, model):
+            torch.set_num_threads(1)
+            self.model = model
+
+        def load(self, arrays: list) -> float:
+            start = time.perf_counter()
+            load_numpy(self.model, ray.get(arrays[0]))
+            return time.perf_counter() - start
+
+    start_ray(None, 2)
+    directory = resolve_model("smollm2-135m-instruct")
+    full = load_model(directory)
+    lora = add_adapters(load_model(directory), directory, r=16, alpha=32, dropout=0.0, target_modules="all-linear",
+                        seed=0)
+    for name, model in (("full", full), ("LoRA r=16", lora)):
+        holder = Holder.remote(model)
+        puts, loads = [], []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            ref = ray.put(to_numpy(model))
+            puts.append(time.perf_counter() - t)
+            loads.append(ray.get(holder.load.remote([ref])))
+            del ref
+        size = sum(a.nbytes for a in to_numpy(model).values()) / 2**20
+        print(f"SmolLM2 {name}: {size:.1f} MB; publish {statistics.median(puts):.3f} s, "
+              f"worker load {statistics.median(loads):.3f} s (median of {repeats})")
+        ray.kill(holder)
+    ray.shutdown()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--sft-steps", type=int, default=200)
+    parser.add_argument("--sync-cost", action="store_true", help="only the SmolLM2 weight-sync cost")
     args = parser.parse_args()
+    if args.sync_cost:
+        return sync_cost()
     recipe = "configs/tiny-code.yaml"
     common = [*COMMON, "data.num_train=3000", "data.num_heldout=64", f"train.steps={args.steps}"]
     times: dict[str, list[dict[str, float]]] = defaultdict(list)
