@@ -118,6 +118,7 @@ class RayPool:
         self.last_checked: dict[int, tuple[int, torch.Tensor]] = {}
         self.step_metrics: dict[str, float] = {}
         self.lock, self.wake, self.stop = threading.Lock(), threading.Event(), threading.Event()
+        self.failure: BaseException | None = None
         for _ in range(ro.workers):
             self._add_worker()
         self.dispatcher = threading.Thread(target=self._dispatch, name="ray-dispatch", daemon=True)
@@ -184,6 +185,12 @@ class RayPool:
     def _dispatch(self) -> None:
         """The dispatcher thread: give each idle worker the next queued shard, notice finished ones, and resize
         the pool every `distributed.scale_check_s`."""
+        try:
+            self._dispatch_loop()
+        except BaseException as e:  # noqa: BLE001 - gather raises it in the trainer's thread
+            self.failure = e
+
+    def _dispatch_loop(self) -> None:
         checks: list[int] = []
         next_check = time.monotonic()
         while not self.stop.is_set():
@@ -199,13 +206,13 @@ class RayPool:
                     self._scale(checks)
                     next_check = time.monotonic() + self.cfg.distributed.scale_check_s
                 running = [s.future for s in self.busy if s is not None]
-            if running:
-                ray.wait(running, num_returns=1, timeout=0.01)
+            finished: set = set()
+            if running:  # (one at a time: another finished meanwhile is seen at the next turn)
+                finished = set(ray.wait(running, num_returns=1, timeout=0.01)[0])
             else:
                 self.wake.wait(0.01)
                 self.wake.clear()
             with self.lock:
-                finished = {f for f in ray.wait(running, num_returns=len(running), timeout=0)[0]} if running else set()
                 for w, shard in enumerate(self.busy):
                     if shard is not None and shard.future in finished:
                         self.busy[w], self.idle_since[w] = None, time.monotonic()
@@ -221,7 +228,9 @@ class RayPool:
         parts = []
         for shard in ticket:
             while True:
-                shard.sent.wait()
+                while not shard.sent.wait(1.0):
+                    if self.failure is not None:
+                        raise RuntimeError(f"the shard dispatcher stopped: {self.failure!r}") from self.failure
                 try:
                     rollout, check, sandbox_retries = ray.get(shard.future)
                     break
