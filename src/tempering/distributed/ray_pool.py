@@ -197,7 +197,11 @@ class RayPool:
             with self.lock:
                 for w, ref in enumerate(self.starting):
                     if ref is not None and ray.wait([ref], timeout=0)[0]:
-                        self.starting[w] = None
+                        try:
+                            ray.get(ref)
+                            self.starting[w] = None
+                        except DIED:  # still restarting (a call to it fails at once meanwhile): ask again
+                            self.starting[w] = self.workers[w].pid.remote()
                 for w, running in enumerate(self.busy):
                     if running is None and self.starting[w] is None and self.queue:
                         self._send(self.queue.popleft(), w)
@@ -241,6 +245,8 @@ class RayPool:
                     with self.lock:
                         self._add("dist/shard_retries", 1)
                         self.last_checked.pop(shard.worker, None)
+                        if shard.worker < len(self.workers):  # no more shards for it until Ray has restarted it
+                            self.starting[shard.worker] = self.workers[shard.worker].pid.remote()
                         shard.attempts += 1
                         shard.sent.clear()
                         self.queue.appendleft(shard)
