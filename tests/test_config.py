@@ -162,6 +162,8 @@ BAD_VALUES = [
     ({"algo": {"correction_cap": 0}}, "'algo.correction_cap'"),
     ({"distributed": {"backend": "dask"}}, "'distributed.backend'"),
     ({"rollout": {"workers": 3, "max_workers": 2}}, "rollout.workers: 3 is outside [min_workers 3, max_workers 2]"),
+    ({"distributed": {"trainers": 2}}, "distributed.trainers: 2 data-parallel trainers run as Ray actors"),
+    ({"distributed": {"trainers": 0}}, "'distributed.trainers'"),
 ]
 
 

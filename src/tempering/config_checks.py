@@ -165,6 +165,9 @@ def _check_distributed(cfg: RunConfig) -> None:
     if ro.max_staleness and cfg.algo.dynamic_sampling:
         raise ValueError("rollout.max_staleness: asynchronous rollouts with algo.dynamic_sampling are not supported "
                          "(a step's extra sampling rounds would need the older policy again); set one of them off")
+    if d.trainers > 1 and d.backend != "ray":
+        raise ValueError(f"distributed.trainers: {d.trainers} data-parallel trainers run as Ray actors; set "
+                         "distributed.backend: ray (or trainers: 1)")
     if d.backend == "ray":
         import importlib.util
 

@@ -34,7 +34,7 @@ MUTABLE: tuple[str, ...] = (
     "eval.val_tasks",
     "sandbox.workers",    # parallelism of the same executions
     "sandbox.url",        # the same executions on a service
-    "distributed",        # where rollouts run: the same shards give the same samples anywhere
+    "distributed",        # where rollouts run (same samples anywhere); trainers: M (floats to rounding)
     "rollout.workers",    # how many workers run the (fixed) shards
     "rollout.min_workers",
     "rollout.max_workers",

@@ -379,4 +379,9 @@ class DistributedSection(Section):
     row adds a worker (up to `rollout.max_workers`)."""
     scale_down_idle_s: float = Field(10.0, gt=0.0)
     """A worker above `rollout.min_workers` idle this long is retired."""
+    trainers: int = Field(1, ge=1)
+    """Data-parallel trainers M: this process and M-1 trainer actors (Ray), each running a part of every
+    minibatch, gradients summed by all-reduce (gloo on CPU, NCCL on CUDA)."""
+    trainer_cpus: float = Field(1.0, gt=0.0)
+    """Ray CPUs each trainer actor takes (its threads are `run.threads`)."""
 

@@ -29,6 +29,7 @@ from tempering.algos import (
 from tempering.algos.correction import rollout_correction
 from tempering.config import RunConfig
 from tempering.distributed.canary import Probe
+from tempering.distributed.data_parallel import make_trainers
 from tempering.distributed.pool import make_pool
 from tempering.distributed.schedule import (
     behaviour_version,
@@ -41,7 +42,6 @@ from tempering.distributed.source import RolloutSource
 from tempering.errors import Preempted
 from tempering.eval.evaluate import validation_metrics
 from tempering.models.forward import response_logprobs
-from tempering.models.loading import compute_dtype
 from tempering.rollout.batch import RolloutBatch
 from tempering.rollout.chat import chat_format
 from tempering.rollout.engine import SamplingParams, make_engine
@@ -50,8 +50,7 @@ from tempering.sandbox import Sandbox
 from tempering.state import TrainState
 from tempering.tracking import Timer, Tracker
 from tempering.tracking.metrics import rollout_metrics, sample_rows
-from tempering.training.critic import update_critic
-from tempering.training.update import update_policy, without_dropout
+from tempering.training.update import autocast, update_models, without_dropout
 from tempering.types import Task
 
 __all__ = ["RLTrainer", "StepResult", "step_generator", "step_seed"]
@@ -80,7 +79,6 @@ class RLTrainer:
         algo = cfg.algo
         self.estimator = lookup(ADVANTAGE_ESTIMATORS, algo.estimator, "advantage estimator")
         self.policy_loss = lookup(POLICY_LOSSES, algo.policy_loss, "policy loss")
-        self.compute = compute_dtype(cfg.model.compute, cfg.run.device)
         # This process's rollout side: the local backend's shards, and validation, run on it.
         self.source = RolloutSource(cfg, state.policy, state.tokenizer, sandbox, version=state.step)
         self.engine, self.ctx = self.source.engine, self.source.ctx
@@ -89,6 +87,7 @@ class RLTrainer:
             if algo.kl_coef > 0 else None
         self.pool = make_pool(cfg, self.source, state.policy, self._probe(), log=log)
         self.pool.publish(state.step, state.policy)
+        self.trainers = make_trainers(cfg, state, log=log)  # None: this process trains alone
         self.submitted: dict[int, object] = {}  # step -> the pool's ticket of its round 0
         self.ready: dict[int, Rollout] = dict(state.lookahead)  # finished look-ahead batches (a resumed run's too)
         self.stop_signal: str | None = None
@@ -229,7 +228,7 @@ class RLTrainer:
         try:
             for index in torch.arange(len(batch)).chunk(self.cfg.algo.minibatches):
                 mb = batch.select(index).trim().to(device)
-                with self.autocast():
+                with autocast(self.cfg):
                     logprobs, _ = response_logprobs(policy, mb.prompt_ids, mb.prompt_mask, mb.response_ids,
                                                     mb.attention, temperature=self.engine.sampling.temperature)
                 out[index, : logprobs.shape[1]] = logprobs.float().cpu()
@@ -245,37 +244,22 @@ class RLTrainer:
             batch.advantages = masked_whiten(batch.advantages, batch.response_mask) * batch.response_mask
 
     def update(self, step: int, batch: RolloutBatch, timer: Timer) -> dict[str, float]:
-        """The critic on the returns, then PPO epochs of the policy (after the critic's warm-up); KL control."""
-        cfg, algo, state, metrics = self.cfg, self.cfg.algo, self.state, {}
-        if state.critic is not None:
-            with timer("critic"), self.autocast():
-                metrics |= update_critic(state.critic, state.critic_optimizer, batch,
-                                         generator=step_generator(cfg.run.seed, step, 3), epochs=algo.critic.epochs,
-                                         minibatches=algo.minibatches, clip_range=algo.critic.value_clip,
-                                         max_grad_norm=algo.max_grad_norm)
-        with timer("update"), self.autocast():
-            train_batch = batch.informative() if algo.skip_zero_advantage else batch
-            if state.critic is None or step > algo.critic.warmup_steps:
-                metrics |= update_policy(
-                    state.policy, state.optimizer, train_batch, policy_loss=self.policy_loss,
-                    generator=step_generator(cfg.run.seed, step, 1), ppo_epochs=algo.ppo_epochs,
-                    minibatches=algo.minibatches, clip_ratio=algo.clip_ratio, clip_ratio_low=algo.clip_ratio_low,
-                    clip_ratio_high=algo.clip_ratio_high, clip_ratio_c=algo.clip_ratio_c, loss_agg=algo.loss_agg,
-                    norm_length=cfg.rollout.max_new_tokens * cfg.env.max_turns,
-                    kl_coef=state.kl.coef if algo.kl_mode == "loss" else 0.0, kl_estimator=algo.kl_estimator,
-                    entropy_coef=algo.entropy_coef, max_grad_norm=algo.max_grad_norm,
-                    temperature=self.engine.sampling.temperature,
-                    gradient_checkpointing=cfg.model.gradient_checkpointing)
-            metrics["actor/lr"] = state.scheduler.get_last_lr()[0]
-            state.scheduler.step()
-        metrics["actor/trained_fraction"] = len(train_batch) / len(batch)
-        return metrics
+        """The critic, then the policy (`training.update.update_models`), on this process and, with
+        `distributed.trainers` > 1, on the trainer actors beside it (each a part of every minibatch)."""
+        state, lr = self.state, self.state.scheduler.get_last_lr()
+        kl_coef = state.kl.coef if self.cfg.algo.kl_mode == "loss" else 0.0
 
-    def autocast(self):
-        """Mixed precision for the update (`model.compute: bfloat16`): matmuls in bf16, parameters, optimizer
-        state and the log-softmax in fp32."""
-        device = self.cfg.run.device.split(":")[0]
-        return torch.autocast(device, dtype=self.compute, enabled=self.compute != torch.float32)
+        def here(dp=None):  # this process's update (rank 0 of the data-parallel trainers)
+            return update_models(self.cfg, state, batch, step, policy_loss=self.policy_loss, kl_coef=kl_coef,
+                                 timer=timer, dp=dp)
+
+        if self.trainers is None:
+            metrics = here()
+        else:
+            metrics = self.trainers.update(step, batch, lr, kl_coef, here, state)
+        metrics["actor/lr"] = lr[0]
+        state.scheduler.step()
+        return metrics
 
     def control_kl(self, metrics: dict[str, float], samples: int) -> None:
         """Adaptive KL (Ziegler et al.): the step's observed KL moves the coefficient; n = samples in the step."""
@@ -306,6 +290,8 @@ class RLTrainer:
         try:
             return self._run(tracker)
         finally:
+            if self.trainers is not None:
+                self.trainers.close()
             self.pool.close()
             self.state.saver.close()
             if previous is not None:

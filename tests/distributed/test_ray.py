@@ -43,8 +43,13 @@ def local_async(tmp_path_factory):
     return run(tmp_path_factory.mktemp("local") / "async", *ASYNC)
 
 
-def test_one_synchronous_worker_writes_the_local_backends_rows(tmp_path):
-    local = run(tmp_path / "local")
+@pytest.fixture(scope="module")
+def local_sync(tmp_path_factory):
+    return run(tmp_path_factory.mktemp("local") / "sync")
+
+
+def test_one_synchronous_worker_writes_the_local_backends_rows(tmp_path, local_sync):
+    local = local_sync
     remote = run(tmp_path / "ray", "distributed.backend=ray")
     compared = {k for r in same(local) for k in r}
     assert len(compared) >= 30
@@ -186,3 +191,37 @@ def test_killed_sandbox_actors_have_their_batches_re_sent_and_nothing_changes(tm
     statuses = [t.get("status") for f in (tmp_path / "run" / "samples").glob("step_*.jsonl")
                 for line in f.read_text().splitlines() for t in json.loads(line)["turns"]]
     assert "sandbox_error" not in statuses and len(statuses) == 4 * 4 * 4
+
+
+def test_two_data_parallel_trainers_train_as_the_local_trainer(tmp_path, local_sync):
+    """Rank 0 here and one trainer actor, each half of every minibatch: the same samples, and the update's
+    figures equal to float summation order (the replicas' weights are checked bit for bit every step)."""
+    rows = run(tmp_path / "dp", "distributed.backend=ray", "distributed.trainers=2")
+    assert all(r["dist/trainers"] == 2 for r in rows)
+    for mine, local in zip(same(rows), same(local_sync), strict=True):
+        assert mine.keys() == local.keys()
+        update = {k for k in local if k.startswith(("actor/", "critic/"))}
+        assert {k: v for k, v in mine.items() if k not in update} == {k: v for k, v in local.items() if k not in update}
+        assert {k: mine[k] for k in update} == pytest.approx({k: local[k] for k in update}, rel=1e-3, abs=1e-6)
+
+
+def test_a_trainer_actor_that_dies_stops_the_run_with_its_name_and_resume_finishes_it(tmp_path, monkeypatch, capsys):
+    from tempering.distributed.ray_trainers import TrainerGroup
+
+    update, killed = TrainerGroup.update, []
+
+    def kill_then_update(self, step, *args):
+        if step == 3 and not killed:
+            pid = ray.get(self.actors[0].pid.remote())
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+        return update(self, step, *args)
+
+    monkeypatch.setattr(TrainerGroup, "update", kill_then_update)
+    dp = ("distributed.backend=ray", "distributed.trainers=2", "checkpoint.every=1")
+    assert run_here(tmp_path / "run", *dp) == 2
+    assert "trainer rank 1 died during step 3" in capsys.readouterr().err
+    assert [r["step"] for r in metrics(tmp_path / "run")] == [1, 2]
+    monkeypatch.setattr(TrainerGroup, "update", update)
+    assert run_here(tmp_path / "run", *dp) == 0
+    assert [r["step"] for r in metrics(tmp_path / "run")] == [1, 2, 3, 4]

@@ -62,3 +62,14 @@ def check(worker: str, version: int, mine: Tensor, theirs: Tensor, tol: float, *
         if bad:
             where = f"; first differing tensor: {bad[0]} ({len(bad)} of {len(my_prints)} differ)"
     raise WeightSyncError(f"weight sync failed on {worker} at version {version}: {problem}{where}")
+
+
+def compare_replicas(mine: dict[str, float], theirs: dict[int, dict[str, float]], step: int,
+                     what: str = "policy") -> None:
+    """Data-parallel ranks must hold the same bits after every step: raises `WeightSyncError` naming the first
+    rank and tensor whose fingerprints differ from rank 0's (`mine`)."""
+    for rank, prints in sorted(theirs.items()):
+        bad = [n for n in mine if prints.get(n) != mine[n]]
+        if bad:
+            raise WeightSyncError(f"trainer rank {rank} holds other {what} weights than rank 0 at step {step}: "
+                                  f"first differing tensor: {bad[0]} ({len(bad)} of {len(mine)} differ)")

@@ -13,6 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from tempering.algos.losses import clipped_value_loss
+from tempering.distributed.data_parallel import DataParallel, shares
 from tempering.models.forward import model_device, response_hidden_states
 
 HEAD_FILE = "value_head.pt"
@@ -55,24 +56,36 @@ class Critic(nn.Module):
 
 def update_critic(critic: Critic, optimizer: torch.optim.Optimizer, batch, *, generator: torch.Generator,
                   epochs: int = 1, minibatches: int = 1, clip_range: float = 0.2,
-                  max_grad_norm: float = 1.0) -> dict[str, float]:
-    """Regress V on the GAE returns: `epochs` x `minibatches` optimizer steps. -> mean metrics."""
+                  max_grad_norm: float = 1.0, dp: DataParallel | None = None) -> dict[str, float]:
+    """Regress V on the GAE returns: `epochs` x `minibatches` optimizer steps. -> mean metrics.
+    `dp`: this is one of M data-parallel ranks; it runs its part of each minibatch (`data_parallel`)."""
     assert batch.returns is not None and batch.values is not None
     critic.train()
     device = model_device(critic)
+    params = [p for p in critic.parameters() if p.requires_grad]
     sums: dict[str, float] = {}
-    n = 0
+    n, tok = 0, 1.0
     for _ in range(epochs):
         for index in torch.randperm(len(batch), generator=generator).chunk(minibatches):
+            if dp is not None:
+                mine, counts = dp.part(index)
+                tok, _ = shares(batch.response_mask, index, mine, counts)  # the value loss is a token mean
+                index = mine
             mb = batch.select(index).trim().to(device)
             values = critic.values(mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask,
                                    mb.response_attention)
             loss, metrics = clipped_value_loss(values, mb.values, mb.returns, mb.response_mask, clip_range=clip_range)
+            loss = loss * tok
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
+            if dp is not None:
+                dp.allreduce_grads(params)
             grad_norm = torch.nn.utils.clip_grad_norm_(critic.parameters(), max_grad_norm)
             optimizer.step()
             n += 1
-            for k, v in {"vf_loss": loss.detach(), "grad_norm": grad_norm, **metrics}.items():
+            for k, v in {"vf_loss": loss.detach(), **{k: m * tok for k, m in metrics.items()}}.items():
                 sums[f"critic/{k}"] = sums.get(f"critic/{k}", 0.0) + float(v)
+            sums["critic/grad_norm"] = sums.get("critic/grad_norm", 0.0) + float(grad_norm)
+    if dp is not None:
+        sums = dp.allreduce_metrics(sums, keep=("critic/grad_norm",))
     return {k: v / n for k, v in sums.items()}

@@ -1,4 +1,5 @@
-"""One policy update on a rollout batch: PPO epochs over shuffled minibatches."""
+"""One step's update on a rollout batch: the critic on the returns, then PPO epochs of the policy over
+shuffled minibatches - the same code on the trainer and on every data-parallel rank."""
 
 from __future__ import annotations
 
@@ -8,8 +9,12 @@ import torch
 
 from tempering.algos import KL_ESTIMATORS, LossInputs, masked_mean
 from tempering.algos.losses import PolicyLoss
+from tempering.distributed.data_parallel import DataParallel, shares, unit_share
+from tempering.distributed.schedule import step_generator
 from tempering.models.forward import model_device, response_logprobs
+from tempering.models.loading import compute_dtype
 from tempering.rollout.batch import RolloutBatch
+from tempering.training.critic import update_critic
 
 
 def update_policy(
@@ -33,10 +38,12 @@ def update_policy(
     max_grad_norm: float = 1.0,
     temperature: float = 1.0,
     gradient_checkpointing: bool = False,
+    dp: DataParallel | None = None,
 ) -> dict[str, float]:
     """Run `ppo_epochs` x `minibatches` optimizer steps; returns the mean of each metric over them.
     `gradient_checkpointing` recomputes activations in the backward pass, for this update only (sampling
-    keeps its KV cache). Rows that share a prompt are one packed sequence either way (`models.forward`)."""
+    keeps its KV cache). Rows that share a prompt are one packed sequence either way (`models.forward`).
+    `dp`: this is one of M data-parallel ranks; it runs its part of each minibatch (`data_parallel`)."""
     assert batch.advantages is not None, "compute advantages before the update"
     if gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -44,9 +51,18 @@ def update_policy(
     device = model_device(model)
     sums: dict[str, float] = defaultdict(float)
     n_steps = 0
+    params = [p for p in model.parameters() if p.requires_grad]
+    tok = seq = 1.0  # this rank's share of the minibatch's tokens and sequences (all of them, without `dp`)
     for _ in range(ppo_epochs):
         order = torch.randperm(len(batch), generator=generator)
         for index in order.chunk(minibatches):
+            norm = norm_length
+            if dp is not None:
+                if norm is None and loss_agg == "seq-mean-token-sum-norm":  # the whole minibatch's width
+                    norm = batch.select(index).trim().response_ids.shape[1]
+                mine, counts = dp.part(index)
+                tok, seq = shares(batch.response_mask, index, mine, counts)
+                index = mine
             mb = batch.select(index).trim().to(device)
             mask = mb.response_mask
             logprobs, entropy = response_logprobs(
@@ -56,16 +72,19 @@ def update_policy(
             pg_loss, pg_metrics = policy_loss(
                 LossInputs(logprobs, mb.old_logprobs, mb.advantages, mask, mb.is_weights),
                 clip_ratio=clip_ratio, clip_ratio_low=clip_ratio_low,
-                clip_ratio_high=clip_ratio_high, clip_ratio_c=clip_ratio_c, loss_agg=loss_agg, norm_length=norm_length,
+                clip_ratio_high=clip_ratio_high, clip_ratio_c=clip_ratio_c, loss_agg=loss_agg, norm_length=norm,
             )
-            entropy_mean = masked_mean(entropy, mask)
+            pg_loss = pg_loss * unit_share(loss_agg, tok, seq)  # (x 1.0 is exact: no change without `dp`)
+            entropy_mean = masked_mean(entropy, mask) * tok
             loss = pg_loss - entropy_coef * entropy_mean
             if kl_coef > 0:
-                kl = masked_mean(KL_ESTIMATORS[kl_estimator](logprobs, mb.ref_logprobs), mask)
+                kl = masked_mean(KL_ESTIMATORS[kl_estimator](logprobs, mb.ref_logprobs), mask) * tok
                 loss = loss + kl_coef * kl
                 sums["actor/kl_loss"] += float(kl.detach())
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
+            if dp is not None:
+                dp.allreduce_grads(params)
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
             optimizer.step()
             n_steps += 1
@@ -73,11 +92,48 @@ def update_policy(
             sums["actor/entropy"] += float(entropy_mean.detach())
             sums["actor/grad_norm"] += float(grad_norm)
             for k, v in pg_metrics.items():
-                sums[f"actor/{k}"] += float(v)
+                sums[f"actor/{k}"] += float(v) * tok
     if gradient_checkpointing:
         model.gradient_checkpointing_disable()
     model.train()
+    if dp is not None:
+        sums = dp.allreduce_metrics(sums, keep=("actor/grad_norm",))
     return {k: v / n_steps for k, v in sums.items()}
+
+
+def update_models(cfg, models, batch: RolloutBatch, step: int, *, policy_loss: PolicyLoss, kl_coef: float,
+                  timer, dp: DataParallel | None = None) -> dict[str, float]:
+    """The critic on the returns, then PPO epochs of the policy (after the critic's warm-up). `models` has
+    `policy`, `optimizer`, `critic`, `critic_optimizer` (a `TrainState`, or a data-parallel replica); the
+    learning-rate schedule is the caller's."""
+    algo = cfg.algo
+    metrics: dict[str, float] = {}
+    if models.critic is not None:
+        with timer("critic"), autocast(cfg):
+            metrics |= update_critic(models.critic, models.critic_optimizer, batch,
+                                     generator=step_generator(cfg.run.seed, step, 3), epochs=algo.critic.epochs,
+                                     minibatches=algo.minibatches, clip_range=algo.critic.value_clip,
+                                     max_grad_norm=algo.max_grad_norm, dp=dp)
+    with timer("update"), autocast(cfg):
+        train_batch = batch.informative() if algo.skip_zero_advantage else batch
+        if models.critic is None or step > algo.critic.warmup_steps:
+            metrics |= update_policy(
+                models.policy, models.optimizer, train_batch, policy_loss=policy_loss,
+                generator=step_generator(cfg.run.seed, step, 1), ppo_epochs=algo.ppo_epochs,
+                minibatches=algo.minibatches, clip_ratio=algo.clip_ratio, clip_ratio_low=algo.clip_ratio_low,
+                clip_ratio_high=algo.clip_ratio_high, clip_ratio_c=algo.clip_ratio_c, loss_agg=algo.loss_agg,
+                norm_length=cfg.rollout.max_new_tokens * cfg.env.max_turns, kl_coef=kl_coef,
+                kl_estimator=algo.kl_estimator, entropy_coef=algo.entropy_coef, max_grad_norm=algo.max_grad_norm,
+                temperature=cfg.rollout.temperature, gradient_checkpointing=cfg.model.gradient_checkpointing, dp=dp)
+    metrics["actor/trained_fraction"] = len(train_batch) / len(batch)
+    return metrics
+
+
+def autocast(cfg):
+    """Mixed precision for the update (`model.compute: bfloat16`): matmuls in bf16, parameters, optimizer
+    state and the log-softmax in fp32."""
+    dtype = compute_dtype(cfg.model.compute, cfg.run.device)
+    return torch.autocast(cfg.run.device.split(":")[0], dtype=dtype, enabled=dtype != torch.float32)
 
 
 def without_dropout(model: torch.nn.Module) -> None:
