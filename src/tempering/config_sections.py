@@ -205,7 +205,9 @@ class AlgoSection(Section):
     whiten_advantages: bool = False
     """Whiten advantages over the batch after the estimator (common with gae)."""
     policy_loss: str = "ppo_clip"
-    """Policy loss: ppo_clip, vanilla (see `tempering.algos.POLICY_LOSSES`)."""
+    """Policy loss: ppo_clip, vanilla, gspo (sequence-level ratio; the paper's objective with loss_agg
+    seq-mean-token-mean and clip ratios 3e-4 / 4e-4), cispo (clipped, stop-gradient weights on every token)
+    (see `tempering.algos.POLICY_LOSSES`)."""
     loss_agg: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = \
         "token-mean"
     """How token losses are reduced to a scalar (seq-mean-token-sum-norm divides by rollout.max_new_tokens)."""
