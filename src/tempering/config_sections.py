@@ -219,8 +219,8 @@ class AlgoSection(Section):
     """AdamW weight decay."""
     clip_ratio: float = Field(0.2, gt=0.0, lt=1.0)
     """PPO clip range epsilon."""
-    clip_ratio_low: float | None = Field(None, gt=0.0, lt=1.0)
-    """Lower clip range (default clip_ratio)."""
+    clip_ratio_low: float | None = Field(None, gt=0.0, le=1.0)
+    """Lower clip range (default clip_ratio; 1.0 = no lower bound, CISPO's usual setting)."""
     clip_ratio_high: float | None = Field(None, gt=0.0)
     """Upper clip range (default clip_ratio; larger = DAPO's clip-higher, e.g. 0.28)."""
     clip_ratio_c: float | None = Field(None, gt=1.0)
@@ -310,7 +310,7 @@ class TrainSection(Section):
     """RL steps."""
     max_time_s: float | None = Field(None, gt=0.0)
     """Wall-clock budget of the RL stage per invocation: after the step that exceeds it, save and stop
-    (for equal-time comparisons, bench/algos_compare.py). None = run all `steps`."""
+    (for equal-time comparisons, bench/algo_compare.py). None = run all `steps`."""
 
 
 class CheckpointSection(Section):
