@@ -164,6 +164,7 @@ BAD_VALUES = [
     ({"rollout": {"workers": 3, "max_workers": 2}}, "rollout.workers: 3 is outside [min_workers 3, max_workers 2]"),
     ({"distributed": {"trainers": 2}}, "distributed.trainers: 2 data-parallel trainers run as Ray actors"),
     ({"distributed": {"trainers": 0}}, "'distributed.trainers'"),
+    ({"reward": {"params": {"tests": {"partial": "sometimes"}}}}, "reward.params.tests.partial: 'sometimes'"),
 ]
 
 

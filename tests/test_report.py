@@ -39,11 +39,36 @@ def test_the_report_is_one_self_contained_page(tmp_path, capsys):
     run_dir = fake_run(tmp_path / "run")
     assert cli(["report", str(run_dir)]) == 0
     page = (run_dir / "report.html").read_text()
-    assert page.count("data:image/png;base64,") == 6  # reward, pass rate, length, KL, entropy, step time
+    assert page.count("data:image/png;base64,") == 8  # held-out bars and validation; reward, pass rate, length, KL,
+    # entropy, step time
     assert "http://" not in page and "https://" not in page and "<script>" not in page  # nothing fetched or run
     assert "&lt;script&gt;" in page and "lists" in page and "30.0%" in page
     assert cli(["report", str(tmp_path)]) == 2
     assert "is not a run directory" in capsys.readouterr().err
+
+
+def test_the_report_shows_held_out_intervals_and_the_validation_curve(tmp_path):
+    """With intervals in the summary: a gain column, bars before/after and the validation curve per domain
+    (step 0 the evaluation before RL); per-step curves are smoothed."""
+    from tempering.tracking.report import ema
+
+    run_dir = fake_run(tmp_path / "run")
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    for r in rows:
+        if r["step"] % 5 == 0:
+            r |= {"val/pass@1": r["step"] / 100, "val/greedy_pass@1": 0.2, "val/lists/pass@1": r["step"] / 90}
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    summary = json.loads((run_dir / "summary.json").read_text())
+    block = {"before": [0.05, 0.15], "after": [0.22, 0.38], "gain": [0.2, 0.12, 0.28], "tasks": 8}
+    summary["intervals"] = {"sampled": {"all": block, "lists": block}, "greedy": {"all": block}}
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+    assert cli(["report", str(run_dir)]) == 0
+    page = (run_dir / "report.html").read_text()
+    assert 'alt="held-out pass@1 before and after RL"' in page and 'alt="held-out pass@1 (validation)"' in page
+    assert page.count("data:image/png;base64,") == 8
+    assert "+20.0 [+12.0, +28.0]" in page
+    assert ema([1.0, 1.0, 1.0], 5) == pytest.approx([1.0, 1.0, 1.0])  # debiased: no pull towards 0
+    assert ema([0.0, 1.0], 1) == [0.0, 1.0]                                # span 1: the raw values
 
 
 def test_every_metric_of_a_panel_is_drawn_overall_first(tmp_path):

@@ -51,6 +51,31 @@ def test_outcome_with_edge_weight_and_edge_cases(sandbox):
     assert r.components["edge_cases"] == 0.0
 
 
+@pytest.mark.parametrize("partial, expected", [("always", [4 / 6, 2 / 6, 1.0]), ("examples", [4 / 6, 0.0, 1.0]),
+                                               ("never", [0.0, 0.0, 1.0])])
+def test_partial_credit_only_for_programs_the_examples_do_not_contradict(sandbox, partial, expected):
+    """Three answers to f(x) = x * x (hidden x = 0..5; examples f(3) = 9, f(2) = 4): a near miss that passes
+    the examples, `return x` - another task's answer, right only where x = x * x (0, 1) and contradicting
+    the examples - and the right one. With `partial: examples` the other task's answer earns nothing, and
+    the environment's `improvement` (the passed fraction it credits) agrees with `tests`."""
+    fn = RewardFunction({"tests": 1.0, "improvement": 1.0}, params={"tests": {"partial": partial}})
+    t = task(examples=[TestCase(input=[3], output=9), TestCase(input=[2], output=4)])
+    ctx = EnvContext(sandbox, options={"needs": fn.needs, "guards": fn.guards, "guard_kinds": fn.guard_kinds,
+                                       "partial": partial})
+    completions = ["    return x * x if x < 4 else 0\n", "    return x\n", "    return x * x\n"]
+    envs = [CodeEnv(ctx) for _ in completions]
+    for env in envs:
+        env.reset(t)
+    eps = []
+    for env, completion, step in zip(envs, completions, CodeEnv.step_batch(envs, completions)):
+        e = Episode(t, 0, env, [], Conversation())
+        e.turns.append(Turn(completion, None, step.rewards, step.info, ended=True, tokens=10))
+        eps.append(e)
+    scores = fn.score(eps)
+    assert [r.components["tests"] for r in scores] == pytest.approx(expected)
+    assert [e.turns[0].rewards["improvement"] for e in eps] == pytest.approx(expected)
+
+
 def test_style_counts_real_linter_findings(sandbox):
     fn = RewardFunction({"style": 1.0})
     _, clean = run(sandbox, task(), "    return x * x\n", fn)

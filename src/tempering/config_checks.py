@@ -72,7 +72,7 @@ def _check_algo(cfg: RunConfig) -> None:
 
 def _check_rewards(cfg: RunConfig) -> None:
     from tempering.envs import ENVIRONMENTS
-    from tempering.rewards import REWARD_COMPONENTS
+    from tempering.rewards import PARTIAL, REWARD_COMPONENTS
     from tempering.rewards.guards import GUARDS
     from tempering.types import Task
 
@@ -107,6 +107,8 @@ def _check_rewards(cfg: RunConfig) -> None:
         except ConfigError as e:
             problem = _unknown_params(fn, params)
             raise ValueError(f"reward.params.{name}: {problem}" if problem else f"{key}: {e}") from None
+        if name == "tests" and params.get("partial", "always") not in PARTIAL:
+            raise ValueError(f"reward.params.tests.partial: '{params['partial']}'; valid: {', '.join(PARTIAL)}")
     kinds = r.guard_kinds or []
     bad = [k for k in kinds if k not in GUARDS]
     if bad:

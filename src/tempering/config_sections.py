@@ -205,7 +205,9 @@ class AlgoSection(Section):
     whiten_advantages: bool = False
     """Whiten advantages over the batch after the estimator (common with gae)."""
     policy_loss: str = "ppo_clip"
-    """Policy loss: ppo_clip, vanilla (see `tempering.algos.POLICY_LOSSES`)."""
+    """Policy loss: ppo_clip, vanilla, gspo (sequence-level ratio; the paper's objective with loss_agg
+    seq-mean-token-mean and clip ratios 3e-4 / 4e-4), cispo (clipped, stop-gradient weights on every token)
+    (see `tempering.algos.POLICY_LOSSES`)."""
     loss_agg: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = \
         "token-mean"
     """How token losses are reduced to a scalar (seq-mean-token-sum-norm divides by rollout.max_new_tokens)."""
@@ -217,8 +219,8 @@ class AlgoSection(Section):
     """AdamW weight decay."""
     clip_ratio: float = Field(0.2, gt=0.0, lt=1.0)
     """PPO clip range epsilon."""
-    clip_ratio_low: float | None = Field(None, gt=0.0, lt=1.0)
-    """Lower clip range (default clip_ratio)."""
+    clip_ratio_low: float | None = Field(None, gt=0.0, le=1.0)
+    """Lower clip range (default clip_ratio; 1.0 = no lower bound, CISPO's usual setting)."""
     clip_ratio_high: float | None = Field(None, gt=0.0)
     """Upper clip range (default clip_ratio; larger = DAPO's clip-higher, e.g. 0.28)."""
     clip_ratio_c: float | None = Field(None, gt=1.0)
@@ -308,7 +310,7 @@ class TrainSection(Section):
     """RL steps."""
     max_time_s: float | None = Field(None, gt=0.0)
     """Wall-clock budget of the RL stage per invocation: after the step that exceeds it, save and stop
-    (for equal-time comparisons, bench/algos_compare.py). None = run all `steps`."""
+    (for equal-time comparisons, bench/algo_compare.py). None = run all `steps`."""
 
 
 class CheckpointSection(Section):

@@ -25,7 +25,7 @@ from tempering.checkpoint import resolve_model
 from tempering.config import RunConfig
 from tempering.envs import env_context, make_env
 from tempering.envs.tools import tool_declarations
-from tempering.eval.evaluate import EvalReport, evaluate
+from tempering.eval.evaluate import evaluate
 from tempering.loop import RLTrainer
 from tempering.models.loading import (
     build_tiny_model,
@@ -180,16 +180,10 @@ def heldout_eval(ws: Workspace, model_dir: Path, sandbox: Sandbox, name: str,
     ctx = env_context(cfg, sandbox)
     sampled = evaluate(engine, ws.heldout_tasks, ctx, samples=cfg.eval.samples, seed=cfg.run.seed + 7, **kw)
     greedy = evaluate(engine, ws.heldout_tasks, ctx, greedy=True, **kw)
-    result = {"evaluated": key, "sampled": _strip(sampled), "greedy": _strip(greedy),
+    result = {"evaluated": key, "sampled": sampled.to_json(), "greedy": greedy.to_json(),
               "wall_time_s": time.perf_counter() - began}
     write_json(path, result)
     return result
-
-
-def _strip(report: EvalReport) -> dict[str, Any]:
-    data = report.to_json()
-    data.pop("per_task")
-    return data
 
 
 def rl_stage(ws: Workspace, start: Path, sandbox: Sandbox) -> tuple[Path, int]:

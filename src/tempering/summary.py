@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tempering import config_history
+from tempering.eval.intervals import pass_intervals
 from tempering.tracking import read_metrics
 from tempering.tracking.plot import plot_run
 from tempering.workspace import Workspace, write_json
@@ -43,6 +44,9 @@ def write_summary(ws: Workspace, before: dict, after: dict, wall_time_s: float) 
             "eval_after": after["wall_time_s"],
         },
     }
+    intervals = heldout_intervals(before, after, {t.id: t.domain for t in ws.heldout_tasks})
+    if intervals:
+        summary["intervals"] = intervals
     history = config_history.read_history(ws.run_dir)
     if history:
         summary["config_changes"] = history
@@ -55,17 +59,37 @@ def write_summary(ws: Workspace, before: dict, after: dict, wall_time_s: float) 
     return summary
 
 
+def heldout_intervals(before: dict, after: dict, domains: dict[str, str]) -> dict[str, Any]:
+    """95% bootstrap intervals (over problems) of sampled and greedy pass@1 before and after RL and of the
+    paired gain, overall and per domain; {} when an evaluation has no per-task results (an older run's)."""
+    out = {}
+    for kind in ("sampled", "greedy"):
+        b, a = before[kind], after[kind]
+        if b.get("per_task") and a.get("per_task"):
+            out[kind] = pass_intervals({t: c / b["samples"] for t, c in b["per_task"].items()},
+                                       {t: c / a["samples"] for t, c in a["per_task"].items()}, domains)
+    return out
+
+
 def print_summary(console: Console, summary: dict[str, Any]) -> None:
     table = Table(title=f"held-out pass@1 ({summary['heldout_tasks']} tasks, T={summary['temperature']})")
     table.add_column("domain")
     table.add_column("after SFT", justify="right")
     table.add_column("after RL", justify="right")
+    intervals = summary.get("intervals", {})
+    if intervals:
+        table.add_column("gain [95% CI]", justify="right")
+
+    def gain(kind: str, domain: str) -> list[str]:
+        g = intervals.get(kind, {}).get(domain, {}).get("gain")
+        return [f"{g[0] * 100:+.1f} [{g[1] * 100:+.1f}, {g[2] * 100:+.1f}]" if g else ""] if intervals else []
+
     for domain, value in summary["per_domain_before"].items():
-        table.add_row(domain, f"{value:.1%}", f"{summary['per_domain_after'][domain]:.1%}")
+        table.add_row(domain, f"{value:.1%}", f"{summary['per_domain_after'][domain]:.1%}", *gain("sampled", domain))
     table.add_row("[bold]all (sampled)", f"{summary['heldout_pass@1_before']:.1%}",
-                  f"{summary['heldout_pass@1_after']:.1%}")
+                  f"{summary['heldout_pass@1_after']:.1%}", *gain("sampled", "all"))
     table.add_row("[bold]all (greedy)", f"{summary['heldout_greedy_pass@1_before']:.1%}",
-                  f"{summary['heldout_greedy_pass@1_after']:.1%}")
+                  f"{summary['heldout_greedy_pass@1_after']:.1%}", *gain("greedy", "all"))
     console.print(table)
     console.print(f"wall time {summary['wall_time_s']:.0f} s")
     evaluated, planned = summary.get("rl_step_evaluated"), summary.get("rl_steps_planned")

@@ -184,3 +184,102 @@ def test_clipped_value_loss_matches_loop_and_is_plain_mse_inside_the_clip():
     assert float(loss) == pytest.approx(sum(want) / len(want), rel=1e-5)
     same, _ = clipped_value_loss(old, old, ret, mask)
     assert float(same) == pytest.approx(float(0.5 * ((old - ret) ** 2).mean()), rel=1e-5)
+
+
+# ------------------------------------------------------------------------------------------ GSPO, CISPO
+
+def _inputs(seed=0, b=5, t=7, token_adv=False):
+    gen = torch.Generator().manual_seed(seed)
+    logp = -torch.rand(b, t, generator=gen)
+    old = logp + 0.05 * torch.randn(b, t, generator=gen)
+    adv = torch.randn(b, 1, generator=gen).expand(b, t).clone() if not token_adv else torch.randn(b, t, generator=gen)
+    mask = (torch.rand(b, t, generator=gen) > 0.25).float()
+    mask[:, 0] = 1.0
+    return logp, old, adv, mask
+
+
+def test_gspo_is_the_papers_sequence_objective_in_value_and_gradient():
+    """The token form equals the paper's sequence objective, -1/G sum_i min(s_i A_i, clip(s_i) A_i) with
+    s_i = exp(mean_t log ratio), in value and in its gradient with respect to every token's log-prob."""
+    from tempering.algos import gspo_loss
+
+    logp, old, adv, mask = _inputs()
+    eps_low, eps_high = 0.01, 0.015                      # some sequences clipped, some not
+    mine = logp.clone().requires_grad_(True)
+    loss, metrics = gspo_loss(LossInputs(mine, old, adv, mask), clip_ratio_low=eps_low, clip_ratio_high=eps_high,
+                              loss_agg="seq-mean-token-mean")
+    loss.backward()
+    paper = logp.clone().requires_grad_(True)
+    s = torch.exp(((paper - old) * mask).sum(1) / mask.sum(1))
+    a = adv[:, 0]
+    objective = torch.minimum(s * a, s.clamp(1 - eps_low, 1 + eps_high) * a).mean()
+    (-objective).backward()
+    assert math.isclose(float(loss), float(-objective), rel_tol=1e-6)
+    assert torch.allclose(mine.grad * mask, paper.grad * mask, atol=1e-7)
+    clipped = ((s < 1 - eps_low) & (a < 0)) | ((s > 1 + eps_high) & (a > 0))
+    assert 0 < int(clipped.sum()) < len(s)               # both cases are exercised
+    assert torch.all(mine.grad[clipped] == 0) and torch.all(mine.grad[~clipped].abs().sum(1) > 0)
+    assert 0.0 < float(metrics["pg_clipfrac"]) < 1.0
+
+
+def test_gspo_hand_computed_and_token_advantages():
+    from tempering.algos import gspo_loss
+
+    # One sequence of two tokens with ratios 2 and 0.5: s = sqrt(2 * 0.5) = 1, unclipped: loss = -A.
+    logp = torch.log(torch.tensor([[2.0, 0.5]]))
+    loss, _ = gspo_loss(LossInputs(logp, torch.zeros(1, 2), torch.full((1, 2), 3.0), torch.ones(1, 2)),
+                        clip_ratio=1e-3, loss_agg="seq-mean-token-mean")
+    assert math.isclose(float(loss), -3.0, rel_tol=1e-6)
+    # GSPO-token: per-token advantages, one shared ratio s = e^0.1 (clipped to 1 + 0.05 for A > 0 tokens).
+    logp = torch.tensor([[0.1, 0.1]])
+    loss, _ = gspo_loss(LossInputs(logp, torch.zeros(1, 2), torch.tensor([[1.0, -2.0]]), torch.ones(1, 2)),
+                        clip_ratio=0.05, loss_agg="seq-mean-token-mean")
+    s = math.exp(0.1)
+    assert math.isclose(float(loss), (-1.05 * 1.0 + 2.0 * s) / 2, rel_tol=1e-6)
+
+
+def test_cispo_hand_computed_and_its_clipped_tokens_keep_their_gradient():
+    """Two tokens, A = +1: ratio 2 (above 1 + eps) and ratio 1.1 (inside). CISPO: loss = -mean(w_t A log pi),
+    w = (1.2, 1.1) without gradient, so d loss / d log pi_t = -w_t A / 2 - nonzero also for the clipped token,
+    where PPO-clip's is 0."""
+    from tempering.algos import cispo_loss
+
+    old = torch.log(torch.tensor([[0.2, 0.5]]))
+    logp = (old + torch.log(torch.tensor([[2.0, 1.1]]))).requires_grad_(True)
+    adv, mask = torch.ones(1, 2), torch.ones(1, 2)
+    loss, metrics = cispo_loss(LossInputs(logp, old, adv, mask), clip_ratio=0.2)
+    expected = -(1.2 * float(logp[0, 0]) + 1.1 * float(logp[0, 1])) / 2
+    assert math.isclose(float(loss), expected, rel_tol=1e-6)
+    loss.backward()
+    assert torch.allclose(logp.grad, torch.tensor([[-0.6, -0.55]]), atol=1e-6)
+    assert math.isclose(float(metrics["pg_clipfrac"]), 0.5)
+    ppo = logp.detach().clone().requires_grad_(True)
+    ppo_clip_loss(LossInputs(ppo, old, adv, mask), clip_ratio=0.2)[0].backward()
+    assert float(ppo.grad[0, 0]) == 0.0 and float(ppo.grad[0, 1]) != 0.0
+
+
+def test_cispo_matches_the_papers_objective_on_random_values():
+    """J = 1 / sum|o_i| sum_i sum_t sg(clip(r_i,t, 1 - eps_low, 1 + eps_high)) A_i,t log pi (token-mean):
+    value and gradient, written out token by token; no lower bound with eps_low >= 1 (the paper's setting)."""
+    from tempering.algos import cispo_loss
+
+    logp, old, adv, mask = _inputs(seed=3, token_adv=True)
+    old = logp + 0.5 * torch.randn(logp.shape, generator=torch.Generator().manual_seed(4))
+    mine = logp.clone().requires_grad_(True)
+    loss, _ = cispo_loss(LossInputs(mine, old, adv, mask), clip_ratio_low=1.0, clip_ratio_high=0.28)
+    loss.backward()
+    total, grads, n = 0.0, torch.zeros_like(logp), float(mask.sum())
+    for i in range(logp.shape[0]):
+        for t in range(logp.shape[1]):
+            if mask[i, t]:
+                w = min(math.exp(float(logp[i, t] - old[i, t])), 1.28)
+                total += w * float(adv[i, t]) * float(logp[i, t])
+                grads[i, t] = -w * float(adv[i, t]) / n
+    assert math.isclose(float(loss), -total / n, rel_tol=1e-5)
+    assert torch.allclose(mine.grad, grads, atol=1e-6)
+
+
+def test_gspo_and_cispo_are_in_the_registry():
+    from tempering.algos import POLICY_LOSSES, cispo_loss, gspo_loss
+
+    assert POLICY_LOSSES["gspo"] is gspo_loss and POLICY_LOSSES["cispo"] is cispo_loss

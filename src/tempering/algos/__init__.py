@@ -24,7 +24,9 @@ from tempering.algos.kl import KL_ESTIMATORS, KLController, kl_k1, kl_k2, kl_k3
 from tempering.algos.losses import (
     LOSS_AGGREGATIONS,
     POLICY_LOSSES,
+    cispo_loss,
     clipped_value_loss,
+    gspo_loss,
     ppo_clip_loss,
     token_mean,
     vanilla_pg_loss,
@@ -48,7 +50,7 @@ def lookup(registry: Mapping[str, F], name: str, what: str) -> F:
 __all__ = [
     "ADVANTAGE_ESTIMATORS", "KL_ESTIMATORS", "LOSS_AGGREGATIONS", "POLICY_LOSSES", "AdvantageInputs",
     "KLController", "LossInputs",
-    "clipped_value_loss", "discounted_returns", "dr_grpo", "gae", "group_mean_std", "grpo", "grpo_advantages",
+    "cispo_loss", "clipped_value_loss", "discounted_returns", "dr_grpo", "gae", "group_mean_std", "grpo", "grpo_advantages", "gspo_loss",
     "kl_k1", "kl_k2", "kl_k3", "lookup", "needs_critic", "masked_mean", "masked_sum", "masked_var", "masked_whiten",
     "ppo_clip_loss", "reinforce_pp", "reinforce_pp_baseline", "rloo", "token_mean", "vanilla_pg_loss",
 ]

@@ -111,11 +111,81 @@ def vanilla_pg_loss(x: LossInputs, *, loss_agg: str = "token-mean", norm_length:
     return loss, metrics
 
 
+def gspo_loss(
+    x: LossInputs,
+    *,
+    clip_ratio: float = 0.2,
+    clip_ratio_low: float | None = None,
+    clip_ratio_high: float | None = None,
+    loss_agg: str = "seq-mean-token-mean",
+    norm_length: int | None = None,
+    **_: object,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """GSPO (Zheng et al. 2025, arXiv 2507.18071): one importance ratio per sequence, the geometric mean of its
+    tokens' ratios, s_i = (pi(y_i | x) / pi_old(y_i | x))^(1 / |y_i|), clipped as PPO clips a token's:
+
+        loss_i = -min(s_i A_i, clip(s_i, 1 - eps_low, 1 + eps_high) A_i).
+
+    Computed in the paper's token form (GSPO-token, eq. 13): s_i,t = sg[s_i] * pi(y_t) / sg[pi(y_t)], which
+    equals s_i in value and has s_i's gradient when A is the same on every token of a sequence (outcome
+    rewards), and also takes per-token advantages. The paper's objective averages over sequences:
+    `loss_agg: seq-mean-token-mean`; its clip ranges are tiny (eps_low 3e-4, eps_high 4e-4) because a
+    sequence's ratio moves much less than a token's. The log-ratio is capped at 10 before exp (as verl does).
+    """
+    low = clip_ratio if clip_ratio_low is None else clip_ratio_low
+    high = clip_ratio if clip_ratio_high is None else clip_ratio_high
+    log_ratio = x.logprobs - x.old_logprobs
+    seq_log_ratio = masked_mean(log_ratio, x.mask, dim=-1)                   # (B,) log s_i
+    log_s = (x.logprobs - x.logprobs.detach() + seq_log_ratio.detach().unsqueeze(-1)).clamp(max=10.0)
+    s = torch.exp(log_s)                                                    # (B, T): s_i, with token gradients
+    unclipped = -x.advantages * s
+    clipped = -x.advantages * s.clamp(1.0 - low, 1.0 + high)
+    losses = torch.maximum(unclipped, clipped)
+    loss = aggregate(x.weighted(losses), x.mask, loss_agg, norm_length=norm_length)
+    with torch.no_grad():
+        metrics = {"pg_clipfrac": masked_mean((clipped > unclipped).float(), x.mask),
+                   "ppo_kl": masked_mean(-log_ratio, x.mask)}
+    return loss, metrics
+
+
+def cispo_loss(
+    x: LossInputs,
+    *,
+    clip_ratio: float = 0.2,
+    clip_ratio_low: float | None = None,
+    clip_ratio_high: float | None = None,
+    loss_agg: str = "token-mean",
+    norm_length: int | None = None,
+    **_: object,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """CISPO (MiniMax-M1, arXiv 2506.13585): no token loses its gradient to clipping; its importance weight is
+    clipped instead, and carries no gradient:
+
+        loss_t = -sg(clip(r_t, 1 - eps_low, 1 + eps_high)) A_t log pi(y_t),   r_t = pi(y_t) / pi_old(y_t).
+
+    So the gradient is the REINFORCE one, -w_t A_t grad log pi, with w_t bounded (PPO-clip instead gives 0 for a
+    token whose ratio left the range in the advantage's direction). The paper aggregates token-mean, sets
+    no lower bound in practice (a large eps_low) and tunes eps_high."""
+    low = clip_ratio if clip_ratio_low is None else clip_ratio_low
+    high = clip_ratio if clip_ratio_high is None else clip_ratio_high
+    log_ratio = x.logprobs - x.old_logprobs
+    ratio = torch.exp(log_ratio.detach())
+    weight = ratio.clamp(max(0.0, 1.0 - low), 1.0 + high)
+    losses = -x.advantages * weight * x.logprobs
+    loss = aggregate(x.weighted(losses), x.mask, loss_agg, norm_length=norm_length)
+    with torch.no_grad():
+        metrics = {"pg_clipfrac": masked_mean((weight != ratio).float(), x.mask),
+                   "ppo_kl": masked_mean(-log_ratio, x.mask)}
+    return loss, metrics
+
+
 PolicyLoss = Callable[..., tuple[Tensor, dict[str, Tensor]]]  # (LossInputs, **hyper) -> (loss, metrics)
 
 POLICY_LOSSES: dict[str, PolicyLoss] = {
     "ppo_clip": ppo_clip_loss,
     "vanilla": vanilla_pg_loss,
+    "gspo": gspo_loss,
+    "cispo": cispo_loss,
 }
 
 

@@ -54,7 +54,8 @@ def env_context(cfg: RunConfig, sandbox: Any, needs: set[str] = frozenset()) -> 
     """What the environments of a run get: the sandbox, `env.*`, the reward-hacking guard settings and what
     the reward functions need from an execution (`RewardFunction.needs`)."""
     e, r = cfg.env, cfg.reward
-    options = {"guards": r.guards, "guard_kinds": r.guard_kinds, "needs": set(needs), **e.options.model_dump()}
+    options = {"guards": r.guards, "guard_kinds": r.guard_kinds, "needs": set(needs),
+               "partial": (r.params.get("tests") or {}).get("partial", "always"), **e.options.model_dump()}
     return EnvContext(sandbox=sandbox, max_turns=e.max_turns, feedback_chars=e.feedback_chars, options=options)
 
 

@@ -21,6 +21,7 @@ import re
 from dataclasses import replace
 
 from tempering.envs.base import EnvContext, Environment, Step, clip_middle, register
+from tempering.rewards import credits_partial
 from tempering.rewards.guards import detect
 from tempering.rewards.lint import lint_findings
 from tempering.types import ExecResult, Task, Trajectory
@@ -104,7 +105,8 @@ class CodeEnv(Environment):
                              example_result=examples, lint_findings=lint, reference_cpu_s=reference_cpu_s)
         hacks = detect(task, attempt, self.ctx.options.get("guard_kinds"))
         caught = bool(hacks) and self.ctx.options.get("guards", True)
-        score = 0.0 if caught else hidden.passed_fraction
+        credited = hidden.all_passed or credits_partial(attempt, self.ctx.options.get("partial", "always"))
+        score = hidden.passed_fraction if credited and not caught else 0.0  # as `tests` scores it
         improvement, self.previous = score - self.previous, score
         success = hidden.all_passed and not caught
         done = success or self.turn >= self.ctx.max_turns

@@ -30,13 +30,32 @@ if TYPE_CHECKING:
 RewardComponent = Callable[..., "float | RewardResult"]
 
 
-def tests_passed(task: Task, traj: Trajectory, *, edge_weight: float = 1.0) -> float:
-    """Outcome reward: the (weighted) fraction of hidden tests passed; tests tagged `edge` weigh `edge_weight`."""
-    if traj.exec_result is None or not traj.exec_result.tests:
+PARTIAL = ("always", "examples", "never")
+
+
+def tests_passed(task: Task, traj: Trajectory, *, edge_weight: float = 1.0, partial: str = "always") -> float:
+    """Outcome reward: the (weighted) fraction of hidden tests passed; tests tagged `edge` weigh `edge_weight`.
+
+    `partial` says when a program that fails some hidden test earns part of the reward: `always`; `examples`
+    only if it passes the prompt's visible examples (a program that contradicts them - another task's
+    answer, a constant - earns nothing for the hidden tests it happens to pass: the empty list, a list
+    already sorted); `never` (1 only when every test passes, as DeepCoder and most code-RL recipes score)."""
+    r = traj.exec_result
+    if r is None or not r.tests:
+        return 0.0
+    if partial not in PARTIAL:
+        raise ValueError(f"tests: unknown partial '{partial}'; valid: {', '.join(PARTIAL)}")
+    if not r.all_passed and not credits_partial(traj, partial):
         return 0.0
     weights = [edge_weight if "edge" in t.tags else 1.0 for t in task.tests]
-    passed = [r.passed for r in traj.exec_result.tests]
-    return sum(w for w, p in zip(weights, passed) if p) / sum(weights)
+    return sum(w for w, t in zip(weights, r.tests) if t.passed) / sum(weights)
+
+
+def credits_partial(traj: Trajectory, partial: str) -> bool:
+    """Whether an attempt that fails some hidden test may earn partial credit (`tests_passed`'s `partial`)."""
+    if partial == "examples":
+        return traj.example_result is None or traj.example_result.all_passed  # no examples: nothing to contradict
+    return partial == "always"
 
 
 def edge_cases(task: Task, traj: Trajectory) -> float:

@@ -1,8 +1,10 @@
 """`tempering report RUN_DIR`: one self-contained HTML page of a run (figures inlined as PNG, no scripts,
-no network): the summary, held-out pass@1 per domain, reward and its components, response length, KL,
-entropy, per-phase step time, and a table of sample completions with their rewards. Every metric of a
-panel is drawn: a panel with more than `LINES_PER_FIGURE` names is split over several figures (a run over
-many domains has dozens of reward components), the overall ones first."""
+no network): the summary, held-out pass@1 per domain before and after RL with 95% intervals (bars), the
+validation pass@1 over the steps per domain, reward and its components, response length, KL, entropy,
+per-phase step time, and a table of sample completions with their rewards. Per-step curves are drawn
+smoothed (an exponential moving average, debiased as TensorBoard does) over the raw values, faint. Every
+metric of a panel is drawn: a panel with more than `LINES_PER_FIGURE` names is split over several figures
+(a run over many domains has dozens of reward components), the overall ones first."""
 
 from __future__ import annotations
 
@@ -55,25 +57,113 @@ def _figures(title: str, rows: list[dict[str, Any]], pattern: str) -> list[tuple
     return [(t, _figure(t, rows, names)) for t, names in zip(titles, groups)]
 
 
-def _figure(title: str, rows: list[dict[str, Any]], names: list[str]) -> str:
+def ema(values: list[float], span: int) -> list[float]:
+    """Exponential moving average with weight 2 / (span + 1) on the newest value, debiased (divided by the
+    weights' sum, so the first points are not pulled towards 0)."""
+    alpha, avg, norm, out = 2.0 / (span + 1), 0.0, 0.0, []
+    for v in values:
+        avg, norm = (1 - alpha) * avg + alpha * v, (1 - alpha) * norm + alpha
+        out.append(avg / norm)
+    return out
+
+
+def smoothing_span(points: int) -> int:
+    """A tenth of the run (at least 1: no smoothing for runs of a few steps)."""
+    return max(1, points // 10)
+
+
+def _png(fig) -> str:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90)
+    plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def _axes(title: str):
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 3.4))
+    ax.set_title(title)
+    return fig, ax
+
+
+def _figure(title: str, rows: list[dict[str, Any]], names: list[str]) -> str:
+    fig, ax = _axes(title)
     for name in names:
         pts = [(r["step"], r[name]) for r in rows if isinstance(r.get(name), int | float)]
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="." if len(pts) < 30 else None, lw=1.2,
-                label=name)
-    ax.set_title(title)
-    ax.set_xlabel("RL step")
+        steps, values = [p[0] for p in pts], [p[1] for p in pts]
+        span = smoothing_span(len(values))
+        if span > 1:
+            (raw,) = ax.plot(steps, values, lw=0.7, alpha=0.25)
+            ax.plot(steps, ema(values, span), lw=1.5, color=raw.get_color(), label=name)
+        else:
+            ax.plot(steps, values, marker=".", lw=1.2, label=name)
+    ax.set_xlabel("RL step" + (f" (EMA over ~{smoothing_span(len(rows))} steps; raw faint)"
+                               if smoothing_span(len(rows)) > 1 else ""))
     ax.legend(fontsize=7, loc="best")
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90)
-    plt.close(fig)
-    return base64.b64encode(buf.getvalue()).decode()
+    return _png(fig)
+
+
+def validation_figure(rows: list[dict[str, Any]], summary: dict[str, Any]) -> str | None:
+    """Held-out pass@1 at each validation (`eval.every`), overall and per domain, from the evaluation before
+    RL (step 0) to the one after it (the last step), when the run has them."""
+    ends = {"val/pass@1": ("heldout_pass@1_before", "heldout_pass@1_after"),
+            "val/greedy_pass@1": ("heldout_greedy_pass@1_before", "heldout_greedy_pass@1_after")}
+    names = {k for r in rows for k in r if k.startswith("val/") and k.endswith("pass@1") and "first_turn" not in k}
+    if summary:
+        names |= {*ends, *(f"val/{d}/pass@1" for d in summary.get("per_domain_before", {}))}
+    if not names:
+        return None
+    names = sorted(names, key=lambda k: (k.count("/"), k))
+    last = rows[-1]["step"] if rows else 0
+    fig, ax = _axes("held-out pass@1 (validation)")
+    for name in names:
+        pts = [(r["step"], r[name]) for r in rows if isinstance(r.get(name), int | float)]
+        if name in ends:
+            b, a = ends[name]
+            before, after = summary.get(b), summary.get(a)
+        else:
+            domain = name.split("/")[1]
+            before = summary.get("per_domain_before", {}).get(domain)
+            after = summary.get("per_domain_after", {}).get(domain)
+        pts = ([(0, before)] if before is not None else []) + pts + ([(last, after)] if after is not None else [])
+        overall = name.count("/") == 1
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, lw=2.0 if overall else 1.0,
+                alpha=1.0 if overall else 0.7, label=name)
+    ax.set_xlabel("RL step (0: before RL; last: the evaluation after RL, all held-out tasks)")
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=7, loc="best")
+    return _png(fig)
+
+
+def bars_figure(summary: dict[str, Any]) -> str | None:
+    """Sampled pass@1 per domain before and after RL, with 95% bootstrap intervals over problems."""
+    before, after = summary.get("per_domain_before", {}), summary.get("per_domain_after", {})
+    if not before:
+        return None
+    intervals = summary.get("intervals", {}).get("sampled", {})
+    labels = [*before, "all"]
+    values = {"before RL": [*before.values(), summary["heldout_pass@1_before"]],
+              "after RL": [*(after.get(d, float("nan")) for d in before), summary["heldout_pass@1_after"]]}
+    fig, ax = _axes("held-out sampled pass@1 (95% intervals)")
+    width = 0.4
+    for i, (kind, vals) in enumerate(values.items()):
+        key = "before" if i == 0 else "after"
+        errors = None
+        if intervals:
+            low = [max(0.0, v - intervals.get(d, {}).get(key, [v, v])[0]) for d, v in zip(labels, vals)]
+            high = [max(0.0, intervals.get(d, {}).get(key, [v, v])[1] - v) for d, v in zip(labels, vals)]
+            errors = [low, high]
+        ax.bar([x + (i - 0.5) * width for x in range(len(labels))], vals, width, yerr=errors, capsize=3, label=kind)
+    ax.set_xticks(range(len(labels)), labels, rotation=30, fontsize=8)
+    ax.legend(fontsize=7, loc="best")
+    return _png(fig)
 
 
 def read_summary(run_dir: Path) -> dict[str, Any]:
@@ -92,13 +182,20 @@ def _passk_table(summary: dict[str, Any]) -> str:
     before, after = summary.get("per_domain_before", {}), summary.get("per_domain_after", {})
     if not before:
         return "<p>no held-out evaluation recorded</p>"
-    rows = "".join(f"<tr><td>{html.escape(d)}</td><td>{before[d]:.1%}</td><td>{after.get(d, float('nan')):.1%}</td></tr>"
-                   for d in before)
-    totals = [("all (sampled)", "heldout_pass@1_before", "heldout_pass@1_after"),
-              ("all (greedy)", "heldout_greedy_pass@1_before", "heldout_greedy_pass@1_after")]
-    rows += "".join(f"<tr><th>{name}</th><th>{summary[b]:.1%}</th><th>{summary[a]:.1%}</th></tr>"
-                    for name, b, a in totals if b in summary and a in summary)
-    return f"<table><tr><th>domain</th><th>before RL</th><th>after RL</th></tr>{rows}</table>"
+    intervals = summary.get("intervals", {})
+
+    def gain(kind: str, domain: str) -> str:
+        g = intervals.get(kind, {}).get(domain, {}).get("gain")
+        return f"<td>{g[0] * 100:+.1f} [{g[1] * 100:+.1f}, {g[2] * 100:+.1f}]</td>" if g else ("<td></td>" if intervals else "")
+
+    rows = "".join(f"<tr><td>{html.escape(d)}</td><td>{before[d]:.1%}</td><td>{after.get(d, float('nan')):.1%}</td>"
+                   f"{gain('sampled', d)}</tr>" for d in before)
+    totals = [("all (sampled)", "heldout_pass@1_before", "heldout_pass@1_after", "sampled"),
+              ("all (greedy)", "heldout_greedy_pass@1_before", "heldout_greedy_pass@1_after", "greedy")]
+    rows += "".join(f"<tr><th>{name}</th><th>{summary[b]:.1%}</th><th>{summary[a]:.1%}</th>{gain(kind, 'all')}</tr>"
+                    for name, b, a, kind in totals if b in summary and a in summary)
+    head = "<th>gain, points [95% CI]</th>" if intervals else ""
+    return f"<table><tr><th>domain</th><th>before RL</th><th>after RL</th>{head}</tr>{rows}</table>"
 
 
 def _samples_table(run_dir: Path, limit: int) -> str:
@@ -122,14 +219,18 @@ def write_report(run_dir: Path, out: Path | None = None, samples: int = 12) -> P
     """Write RUN_DIR/report.html (or `out`) from metrics.jsonl, summary.json and the newest samples file."""
     rows = read_metrics(run_dir / "metrics.jsonl")
     summary = read_summary(run_dir)
+    held_out = [(t, png) for t, png in (("held-out pass@1 before and after RL", bars_figure(summary)),
+                                         ("held-out pass@1 (validation)", validation_figure(rows, summary))) if png]
     figures = [f for title, pattern in PANELS for f in _figures(title, rows, pattern)]
     images = "".join(f'<img alt="{html.escape(t)}" src="data:image/png;base64,{png}">' for t, png in figures)
+    held_out_images = "".join(f'<img alt="{html.escape(t)}" src="data:image/png;base64,{png}">' for t, png in held_out)
     facts = {k: v for k, v in summary.items() if isinstance(v, int | float | str)}
     facts_html = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(f'{v:.4g}' if isinstance(v, float) else str(v))}"
                          "</td></tr>" for k, v in facts.items())
     page = (f"<!doctype html><html><head><meta charset='utf-8'><title>tempering run {html.escape(run_dir.name)}"
             f"</title><style>{STYLE}</style></head><body><h1>tempering run: {html.escape(str(run_dir))}</h1>"
             f"<p>{len(rows)} RL steps recorded</p><h2>Held-out pass@1 per domain</h2>{_passk_table(summary)}"
+            f"<div class='grid'>{held_out_images}</div>"
             f"<h2>Training curves</h2><div class='grid'>{images or '<p>no RL steps yet</p>'}</div>"
             f"<h2>Sample completions</h2>{_samples_table(run_dir, samples)}"
             f"<h2>Summary</h2><table>{facts_html}</table></body></html>")
