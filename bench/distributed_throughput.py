@@ -127,9 +127,9 @@ def allreduce_seconds(model_dir: Path, repeats: int = 20) -> float:
 
     import torch
 
-    from tempering.distributed.data_parallel import DataParallel, Rendezvous
     from tempering.distributed.weights import trained
     from tempering.models.loading import load_model
+    from tempering.training.data_parallel import DataParallel, Rendezvous
 
     numel = sum(p.numel() for p in trained(load_model(model_dir)).values())
     torch.set_num_threads(1)

@@ -29,15 +29,8 @@ from tempering.algos import (
 from tempering.algos.correction import rollout_correction
 from tempering.config import RunConfig
 from tempering.distributed.canary import Probe
-from tempering.distributed.data_parallel import make_trainers
 from tempering.distributed.pool import make_pool
-from tempering.distributed.schedule import (
-    behaviour_version,
-    shard_specs,
-    staleness_metrics,
-    step_generator,
-    step_seed,
-)
+from tempering.distributed.schedule import behaviour_version, shard_specs, staleness_metrics
 from tempering.distributed.source import RolloutSource
 from tempering.errors import Preempted
 from tempering.eval.evaluate import validation_metrics
@@ -47,6 +40,7 @@ from tempering.rollout.chat import chat_format
 from tempering.rollout.engine import SamplingParams, make_engine
 from tempering.rollout.episodes import Rollout, merge_rollouts
 from tempering.sandbox import Sandbox
+from tempering.seeding import step_generator, step_seed
 from tempering.state import TrainState
 from tempering.tracking import Timer, Tracker
 from tempering.tracking.metrics import rollout_metrics, sample_rows
@@ -87,7 +81,11 @@ class RLTrainer:
             if algo.kl_coef > 0 else None
         self.pool = make_pool(cfg, self.source, state.policy, self._probe(), log=log)
         self.pool.publish(state.step, state.policy)
-        self.trainers = make_trainers(cfg, state, log=log)  # None: this process trains alone
+        self.trainers = None  # data-parallel trainer actors beside this process (rank 0); None: it trains alone
+        if cfg.distributed.trainers > 1:
+            from tempering.distributed.ray_trainers import TrainerGroup
+
+            self.trainers = TrainerGroup(cfg, state, log=log)
         self.submitted: dict[int, object] = {}  # step -> the pool's ticket of its round 0
         self.ready: dict[int, Rollout] = dict(state.lookahead)  # finished look-ahead batches (a resumed run's too)
         self.stop_signal: str | None = None

@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from tempering.algos import AdvantageInputs, grpo, ppo_clip_loss
-from tempering.distributed.data_parallel import DataParallel, Rendezvous
 from tempering.distributed.weights import fingerprints
 from tempering.rollout.batch import RolloutBatch
 from tempering.rollout.engine import LocalEngine, SamplingParams
 from tempering.rollout.generate import encode_prompt
 from tempering.training.critic import Critic, update_critic
+from tempering.training.data_parallel import DataParallel, Rendezvous
 from tempering.training.optim import make_optimizer
 from tempering.training.update import update_policy
 

@@ -2,8 +2,9 @@
 
 import torch
 
-from tempering.distributed.schedule import behaviour_version, shard_specs, staleness_metrics, step_seed
+from tempering.distributed.schedule import behaviour_version, shard_specs, staleness_metrics
 from tempering.rollout.batch import RolloutBatch, concat_batches
+from tempering.seeding import step_seed
 from tempering.types import Task
 
 

@@ -23,10 +23,10 @@ import torch
 from tempering.algos import POLICY_LOSSES, lookup
 from tempering.config import RunConfig
 from tempering.distributed.canary import compare_replicas
-from tempering.distributed.data_parallel import LOOPBACK, DataParallel, Rendezvous, Replica
 from tempering.distributed.weights import fingerprints
 from tempering.errors import TemperingError
 from tempering.tracking import Timer
+from tempering.training.data_parallel import LOOPBACK, DataParallel, Rendezvous, Replica
 from tempering.training.optim import make_optimizer
 from tempering.training.update import update_models
 

@@ -17,16 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
+from tempering.seeding import step_seed
 from tempering.types import Task
-
-
-def step_seed(seed: int, step: int, stream: int = 0) -> int:
-    """The seed of one purpose (stream) of one step, independent of everything that ran before."""
-    return (seed * 1_000_003 + step) * 16 + stream
-
-
-def step_generator(seed: int, step: int, stream: int = 0) -> torch.Generator:
-    return torch.Generator().manual_seed(step_seed(seed, step, stream))
 
 
 def behaviour_version(step: int, max_staleness: int) -> int:

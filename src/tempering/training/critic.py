@@ -13,8 +13,8 @@ import torch
 from torch import Tensor, nn
 
 from tempering.algos.losses import clipped_value_loss
-from tempering.distributed.data_parallel import DataParallel, shares
 from tempering.models.forward import model_device, response_hidden_states
+from tempering.training.data_parallel import DataParallel, shares
 
 HEAD_FILE = "value_head.pt"
 

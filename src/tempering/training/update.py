@@ -9,12 +9,12 @@ import torch
 
 from tempering.algos import KL_ESTIMATORS, LossInputs, masked_mean
 from tempering.algos.losses import PolicyLoss
-from tempering.distributed.data_parallel import DataParallel, shares, unit_share
-from tempering.distributed.schedule import step_generator
 from tempering.models.forward import model_device, response_logprobs
 from tempering.models.loading import compute_dtype
 from tempering.rollout.batch import RolloutBatch
+from tempering.seeding import step_generator
 from tempering.training.critic import update_critic
+from tempering.training.data_parallel import DataParallel, shares, unit_share
 
 
 def update_policy(

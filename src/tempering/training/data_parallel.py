@@ -136,11 +136,3 @@ def unit_share(loss_agg: str, token_share: float, seq_share: float) -> float:
     """The share that scales an aggregated loss: token-mean weighs tokens, the seq-mean aggregations sequences."""
     return token_share if loss_agg == "token-mean" else seq_share
 
-
-def make_trainers(cfg, state, log=print):
-    """The trainer actors beside this process's trainer (`distributed.trainers` > 1, on Ray), or None."""
-    if cfg.distributed.trainers == 1:
-        return None
-    from tempering.distributed.ray_trainers import TrainerGroup
-
-    return TrainerGroup(cfg, state, log=log)
