@@ -24,9 +24,10 @@ def task(**kw):
     return Task(**base)
 
 
-def episodes(sandbox, t, completions, fn: RewardFunction, tokens=10):
+def episodes(sandbox, t, completions, fn: RewardFunction, tokens=10, **options):
     """One-turn code episodes of `completions`, stepped together as the rollout driver steps them."""
-    ctx = EnvContext(sandbox, options={"needs": fn.needs, "guards": fn.guards, "guard_kinds": fn.guard_kinds})
+    ctx = EnvContext(sandbox, options={"needs": fn.needs, "guards": fn.guards, "guard_kinds": fn.guard_kinds,
+                                       **options})
     envs = [CodeEnv(ctx) for _ in completions]
     for env in envs:
         env.reset(t)
@@ -60,17 +61,8 @@ def test_partial_credit_only_for_programs_the_examples_do_not_contradict(sandbox
     the environment's `improvement` (the passed fraction it credits) agrees with `tests`."""
     fn = RewardFunction({"tests": 1.0, "improvement": 1.0}, params={"tests": {"partial": partial}})
     t = task(examples=[TestCase(input=[3], output=9), TestCase(input=[2], output=4)])
-    ctx = EnvContext(sandbox, options={"needs": fn.needs, "guards": fn.guards, "guard_kinds": fn.guard_kinds,
-                                       "partial": partial})
     completions = ["    return x * x if x < 4 else 0\n", "    return x\n", "    return x * x\n"]
-    envs = [CodeEnv(ctx) for _ in completions]
-    for env in envs:
-        env.reset(t)
-    eps = []
-    for env, completion, step in zip(envs, completions, CodeEnv.step_batch(envs, completions)):
-        e = Episode(t, 0, env, [], Conversation())
-        e.turns.append(Turn(completion, None, step.rewards, step.info, ended=True, tokens=10))
-        eps.append(e)
+    eps = episodes(sandbox, t, completions, fn, partial=partial)
     scores = fn.score(eps)
     assert [r.components["tests"] for r in scores] == pytest.approx(expected)
     assert [e.turns[0].rewards["improvement"] for e in eps] == pytest.approx(expected)

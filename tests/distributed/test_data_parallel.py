@@ -9,15 +9,12 @@ import threading
 import pytest
 import torch
 
-from tempering.algos import AdvantageInputs, grpo, ppo_clip_loss
+from tempering.algos import ppo_clip_loss
 from tempering.distributed.weights import fingerprints
-from tempering.rollout.batch import RolloutBatch
-from tempering.rollout.engine import LocalEngine, SamplingParams
-from tempering.rollout.generate import encode_prompt
 from tempering.training.critic import Critic, update_critic
 from tempering.training.data_parallel import DataParallel, Rendezvous
-from tempering.training.optim import make_optimizer
 from tempering.training.update import update_policy
+from tests.training.test_training import make_batch
 
 
 def ranks(size, tmp_path, fn):
@@ -44,18 +41,10 @@ def ranks(size, tmp_path, fn):
     return out
 
 
-def batch_of(model, tokenizer, tasks, rewards):
-    prompts = [encode_prompt(tokenizer, t.prompt) for t in tasks for _ in range(2)]
-    gen = LocalEngine(model, tokenizer, SamplingParams(max_new_tokens=8)).generate(
-        prompts, generator=torch.Generator().manual_seed(0))
-    batch = RolloutBatch(gen.prompt_ids, gen.prompt_mask, gen.response_ids, gen.response_mask, gen.logprobs,
-                         torch.tensor(rewards), torch.arange(len(prompts)) // 2)
-    batch.advantages, batch.returns = grpo(AdvantageInputs(batch.rewards, batch.response_mask, batch.group_ids))
-    return batch
-
-
-def train(model, batch, dp=None, lr=1e-2, **kw):
-    opt = make_optimizer(model, lr=lr)
+def train(model, batch, dp=None, lr=0.5, **kw):
+    """Plain SGD: the weights move by the gradients themselves (Adam would magnify float noise on
+    near-zero gradients), so they tell whether the ranks' summed gradient is the single trainer's."""
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
     metrics = update_policy(model, opt, batch, policy_loss=ppo_clip_loss, generator=torch.Generator().manual_seed(0),
                             ppo_epochs=2, minibatches=2, entropy_coef=0.01, dp=dp, **kw)
     return metrics, {n: p.detach().clone() for n, p in model.named_parameters()}
@@ -70,14 +59,14 @@ def assert_close_to_one_trainer(results, reference):
     for k, v in ref_metrics.items():
         assert rank0[0][k] == pytest.approx(v, rel=1e-4, abs=1e-6), k
     moved = max(float((rank0[1][n] - w).abs().max()) for n, w in ref_weights.items())
-    assert moved < 1e-5
+    assert moved < 1e-6
 
 
 @pytest.mark.parametrize("loss_agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
                                       "seq-mean-token-sum-norm"])
 def test_two_ranks_take_the_single_trainers_step(tiny, tasks, tmp_path, loss_agg):
     model, tokenizer = tiny
-    batch = batch_of(model, tokenizer, tasks[0][:4], [1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 1.0])
+    batch = make_batch(model, tokenizer, tasks[0][:4], [1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 1.0])
     start = copy.deepcopy(model)
     reference = train(model, batch, loss_agg=loss_agg)
     assert max(float((reference[1][n] - p).abs().max()) for n, p in start.named_parameters()) > 1e-3  # it trained
@@ -88,7 +77,7 @@ def test_two_ranks_take_the_single_trainers_step(tiny, tasks, tmp_path, loss_agg
 def test_more_ranks_than_rows_in_a_minibatch(tiny, tasks, tmp_path):
     """3 ranks, minibatches of 2 rows: one rank has nothing of its own in each and only takes part."""
     model, tokenizer = tiny
-    batch = batch_of(model, tokenizer, tasks[0][:2], [1.0, 0.0, 0.0, 1.0])
+    batch = make_batch(model, tokenizer, tasks[0][:2], [1.0, 0.0, 0.0, 1.0])
     start = copy.deepcopy(model)
     reference = train(model, batch)
     results = ranks(3, tmp_path, lambda rank, dp: train(copy.deepcopy(start), batch, dp))
@@ -97,12 +86,12 @@ def test_more_ranks_than_rows_in_a_minibatch(tiny, tasks, tmp_path):
 
 def test_two_ranks_train_the_critic_as_one(tiny, tasks, tmp_path):
     model, tokenizer = tiny
-    batch = batch_of(model, tokenizer, tasks[0][:4], [1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 1.0])
+    batch = make_batch(model, tokenizer, tasks[0][:4], [1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 1.0])
     batch.values = torch.zeros_like(batch.old_logprobs)
     critic = Critic(copy.deepcopy(model.model))
 
     def fit(c, dp=None):
-        opt = make_optimizer(c, lr=1e-2)
+        opt = torch.optim.SGD(c.parameters(), lr=0.1)
         metrics = update_critic(c, opt, batch, generator=torch.Generator().manual_seed(0), epochs=2, minibatches=2,
                                 dp=dp)
         return metrics, {n: p.detach().clone() for n, p in c.named_parameters()}
@@ -117,12 +106,12 @@ def test_a_rank_that_goes_its_own_way_is_caught(tiny, tasks, tmp_path):
     from tempering.distributed.canary import WeightSyncError, compare_replicas
 
     model, tokenizer = tiny
-    batch = batch_of(model, tokenizer, tasks[0][:2], [1.0, 0.0, 0.0, 1.0])
+    batch = make_batch(model, tokenizer, tasks[0][:2], [1.0, 0.0, 0.0, 1.0])
     start = copy.deepcopy(model)
 
     def one(rank, dp):
         m = copy.deepcopy(start)
-        train(m, batch, dp, lr=1e-2 if rank == 0 else 2e-2)
+        train(m, batch, dp, lr=0.5 if rank == 0 else 0.6)
         return fingerprints(m)
 
     prints = ranks(2, tmp_path, one)
