@@ -22,6 +22,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tempering.eval.intervals import format_gain
+
 ALGOS = ["grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "ppo_gae", "gspo", "cispo"]
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -72,7 +74,7 @@ def table(results: list[dict], budget_s: float) -> str:
         after, gain = iv.get("after"), iv.get("gain")
         cells = [r["algo"], str(r["seed"]), str(r["steps"]),
                  pct(s["heldout_pass@1_after"]) + (f" [{pct(after[0])}, {pct(after[1])}]" if after else ""),
-                 (f"{100 * gain[0]:+.1f} [{100 * gain[1]:+.1f}, {100 * gain[2]:+.1f}]" if gain else ""),
+                 format_gain(gain),
                  pct(s["heldout_greedy_pass@1_after"]), *(pct(s["per_domain_after"][d]) for d in domains),
                  f"{r['entropy']:.3f}", f"{r['length']:.1f}"]
         lines.append("| " + " | ".join(cells) + " |")

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tempering import config_history
-from tempering.eval.intervals import pass_intervals
+from tempering.eval.intervals import format_gain, pass_intervals
 from tempering.tracking import read_metrics
 from tempering.tracking.plot import plot_run
 from tempering.workspace import Workspace, write_json
@@ -82,7 +82,7 @@ def print_summary(console: Console, summary: dict[str, Any]) -> None:
 
     def gain(kind: str, domain: str) -> list[str]:
         g = intervals.get(kind, {}).get(domain, {}).get("gain")
-        return [f"{g[0] * 100:+.1f} [{g[1] * 100:+.1f}, {g[2] * 100:+.1f}]" if g else ""] if intervals else []
+        return [format_gain(g)] if intervals else []
 
     for domain, value in summary["per_domain_before"].items():
         table.add_row(domain, f"{value:.1%}", f"{summary['per_domain_after'][domain]:.1%}", *gain("sampled", domain))

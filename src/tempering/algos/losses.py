@@ -56,6 +56,11 @@ def aggregate(losses: Tensor, mask: Tensor, loss_agg: str, **hyper: object) -> T
 # -------------------------------------------------------------------------------- policy losses
 
 
+def clip_range(clip_ratio: float, low: float | None, high: float | None) -> tuple[float, float]:
+    """(eps_low, eps_high): each side's own value, or `clip_ratio`."""
+    return clip_ratio if low is None else low, clip_ratio if high is None else high
+
+
 def ppo_clip_loss(
     x: LossInputs,
     *,
@@ -75,8 +80,7 @@ def ppo_clip_loss(
     most -c A_t, so a huge ratio on a bad token cannot blow the update up.
     """
     advantages, mask = x.advantages, x.mask
-    low = clip_ratio if clip_ratio_low is None else clip_ratio_low
-    high = clip_ratio if clip_ratio_high is None else clip_ratio_high
+    low, high = clip_range(clip_ratio, clip_ratio_low, clip_ratio_high)
     log_ratio = x.logprobs - x.old_logprobs                                # (B, T)
     ratio = torch.exp(log_ratio)
     unclipped = -advantages * ratio
@@ -132,8 +136,7 @@ def gspo_loss(
     `loss_agg: seq-mean-token-mean`; its clip ranges are tiny (eps_low 3e-4, eps_high 4e-4) because a
     sequence's ratio moves much less than a token's. The log-ratio is capped at 10 before exp (as verl does).
     """
-    low = clip_ratio if clip_ratio_low is None else clip_ratio_low
-    high = clip_ratio if clip_ratio_high is None else clip_ratio_high
+    low, high = clip_range(clip_ratio, clip_ratio_low, clip_ratio_high)
     log_ratio = x.logprobs - x.old_logprobs
     seq_log_ratio = masked_mean(log_ratio, x.mask, dim=-1)                   # (B,) log s_i
     log_s = (x.logprobs - x.logprobs.detach() + seq_log_ratio.detach().unsqueeze(-1)).clamp(max=10.0)
@@ -166,8 +169,7 @@ def cispo_loss(
     So the gradient is the REINFORCE one, -w_t A_t grad log pi, with w_t bounded (PPO-clip instead gives 0 for a
     token whose ratio left the range in the advantage's direction). The paper aggregates token-mean, sets
     no lower bound in practice (a large eps_low) and tunes eps_high."""
-    low = clip_ratio if clip_ratio_low is None else clip_ratio_low
-    high = clip_ratio if clip_ratio_high is None else clip_ratio_high
+    low, high = clip_range(clip_ratio, clip_ratio_low, clip_ratio_high)
     log_ratio = x.logprobs - x.old_logprobs
     ratio = torch.exp(log_ratio.detach())
     weight = ratio.clamp(max(0.0, 1.0 - low), 1.0 + high)

@@ -41,3 +41,8 @@ def pass_intervals(before: dict[str, float], after: dict[str, float], domains: d
     for domain in sorted({domains.get(t, "") for t in ids}):
         out[domain] = block([t for t in ids if domains.get(t, "") == domain])
     return out
+
+
+def format_gain(gain: list[float] | None) -> str:
+    """`[gain, low, high]` (fractions) as points: "+8.1 [+6.1, +10.3]"; "" when there is none."""
+    return f"{gain[0] * 100:+.1f} [{gain[1] * 100:+.1f}, {gain[2] * 100:+.1f}]" if gain else ""

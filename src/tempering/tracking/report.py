@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from tempering.errors import TemperingError
+from tempering.eval.intervals import format_gain
 from tempering.tracking import read_metrics
 
 SUMMARY_KEYS = ("heldout_pass@1_before", "heldout_pass@1_after", "heldout_greedy_pass@1_before",
@@ -186,7 +187,7 @@ def _passk_table(summary: dict[str, Any]) -> str:
 
     def gain(kind: str, domain: str) -> str:
         g = intervals.get(kind, {}).get(domain, {}).get("gain")
-        return f"<td>{g[0] * 100:+.1f} [{g[1] * 100:+.1f}, {g[2] * 100:+.1f}]</td>" if g else ("<td></td>" if intervals else "")
+        return f"<td>{format_gain(g)}</td>" if intervals else ""
 
     rows = "".join(f"<tr><td>{html.escape(d)}</td><td>{before[d]:.1%}</td><td>{after.get(d, float('nan')):.1%}</td>"
                    f"{gain('sampled', d)}</tr>" for d in before)
