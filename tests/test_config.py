@@ -165,6 +165,10 @@ BAD_VALUES = [
     ({"distributed": {"trainers": 2}}, "distributed.trainers: 2 data-parallel trainers run as Ray actors"),
     ({"distributed": {"trainers": 0}}, "'distributed.trainers'"),
     ({"reward": {"params": {"tests": {"partial": "sometimes"}}}}, "reward.params.tests.partial: 'sometimes'"),
+    ({"data": {"pass_range": [0.6, 0.2]}}, "data.pass_range: [0.6, 0.2] is not a range within [0, 1]"),
+    ({"data": {"templates": ["add", "nope"]}}, "data.templates: unknown template(s) ['nope']"),
+    ({"data": {"generator": "leetcode", "describe": True}}, "data.describe: applies to the built-in code generator"),
+    ({"eval": {"benchmarks": ["humaneval", "mbpp"]}}, "eval.benchmarks: unknown task set 'mbpp'; valid: humaneval"),
 ]
 
 

@@ -268,3 +268,36 @@ def test_sandbox_run_prints_exec_result_json(tmp_path):
     prog.write_text("while True: pass")
     proc = tempering("sandbox", "run", prog, "--timeout", "0.3", "--json", check=False)
     assert proc.returncode == 1 and json.loads(proc.stdout)["status"] == "timeout"
+
+
+@pytest.mark.slow
+def test_pass_rates_choose_the_tasks_and_benchmarks_are_evaluated_before_and_after(tmp_path, tiny_model_dir):
+    rates = tmp_path / "rates.json"
+    proc = tempering("data", "pass-rates", "configs/smoke.yaml", "--out", rates, check=False)
+    assert proc.returncode == 2 and "names no start model" in proc.stderr and not rates.exists()
+    tempering("data", "pass-rates", "configs/smoke.yaml", f"model.path={tiny_model_dir}", "data.describe=true",
+              "--per-family", "1", "--samples", "2", "--out", rates)
+    measured = json.loads(rates.read_text())
+    assert measured["samples"] == 2 and len(measured["families"]) == 47
+    assert {f["tasks"] for f in measured["families"].values()} == {1}
+    # A random tiny model solves nothing: a range above 0 leaves nothing to train on - one line, nothing written.
+    run_dir = tmp_path / "run"
+    proc = train_tiny(run_dir, f"data.pass_rates={rates}", "data.pass_range=[0.5, 1.0]", check=False)
+    assert proc.returncode == 2 and "data.pass_range: [0.5, 1.0] leaves no training task (0 of 47" in proc.stderr
+    assert not run_dir.exists()
+
+    hand = tmp_path / "hand.json"
+    hand.write_text(json.dumps({"families": {"add": {"pass_rate": 0.5}, "sort": {"pass_rate": 0.0}}}))
+    proc = train_tiny(run_dir, f"model.path={tiny_model_dir}", "sft.steps=0", "train.steps=1", "data.describe=true",
+                      f"data.pass_rates={hand}", "data.pass_range=[0.1, 1.0]", "eval.benchmarks=[humaneval]")
+    train = [json.loads(line) for line in (run_dir / "data" / "train.jsonl").read_text().splitlines()]
+    templates = {t["metadata"]["template"] for t in train}
+    assert "sort" not in templates and "add" in templates and len(templates) > 30  # unmeasured families stay
+    assert all('"""Return ' in t["prompt"] for t in train)
+    bench = summary_of(run_dir)["benchmarks"]["humaneval"]
+    assert bench["tasks"] == 164 and bench["intervals"]["tasks"] == 164
+    for when in ("before", "after"):
+        stored = json.loads((run_dir / f"humaneval_{when}.json").read_text())
+        assert "sampled" not in stored and stored["greedy"]["num_tasks"] == 164
+        assert bench[f"greedy_pass@1_{when}"] == stored["greedy"]["overall"]["pass@1"]
+    assert "humaneval (greedy, 164)" in proc.stdout + proc.stderr

@@ -74,7 +74,7 @@ def test_the_cached_evaluation_key_covers_every_setting_that_shapes_the_numbers(
 
     def key(*overrides, held=heldout):
         ws = SimpleNamespace(cfg=build_config({}, list(overrides)), run_dir=tmp_path, heldout_tasks=held)
-        return eval_key(ws, tmp_path / "sft" / "model", None)
+        return eval_key(ws, tmp_path / "sft" / "model", None, ws.heldout_tasks)
 
     base = key()
     assert key() == base

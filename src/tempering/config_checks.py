@@ -153,7 +153,30 @@ def _check_cross_fields(cfg: RunConfig) -> None:
     url = cfg.sandbox.url
     if url is not None and not url.startswith(("http://", "https://")):
         raise ValueError(f"sandbox.url: '{url}' is not an http:// or https:// URL")
+    _check_data(cfg)
     _check_distributed(cfg)
+
+
+def _check_data(cfg: RunConfig) -> None:
+    d = cfg.data
+    low, high = d.pass_range
+    if not 0.0 <= low <= high <= 1.0:
+        raise ValueError(f"data.pass_range: [{low}, {high}] is not a range within [0, 1]")
+    if (d.templates is not None or d.describe) and d.generator != "code":
+        raise ValueError(f"data.{'templates' if d.templates is not None else 'describe'}: applies to the built-in "
+                         f"code generator, not data.generator={d.generator}")
+    if d.templates is not None:
+        from tempering.data.generators import TEMPLATES
+
+        unknown = sorted(set(d.templates) - {t.name for t in TEMPLATES})
+        if unknown:
+            raise ValueError(f"data.templates: unknown template(s) {unknown}; valid: "
+                             f"{', '.join(t.name for t in TEMPLATES)}")
+    from tempering.data.benchmarks import BENCHMARKS
+
+    for name in cfg.eval.benchmarks:
+        if name not in BENCHMARKS:
+            raise ValueError(f"eval.benchmarks: unknown task set '{name}'; valid: {', '.join(BENCHMARKS)}")
 
 
 def _check_distributed(cfg: RunConfig) -> None:

@@ -80,6 +80,17 @@ class DataSection(Section):
     """Task field -> column of the task files, e.g. {prompt: question, answer: solution}."""
     domains: list[str] | None = None
     """Built-in generator: domains to use (unset = all)."""
+    templates: list[str] | None = None
+    """Built-in code generator: templates (function families, e.g. add, reverse) to use (unset = all)."""
+    describe: bool = False
+    """Built-in code generator: say in each docstring what the function does ("Return x plus 7."), above the
+    examples - tasks an instruction-tuned model can read rather than infer."""
+    pass_rates: str | None = None
+    """A file of the start model's own pass rates (`tempering data pass-rates`): tasks whose family (the
+    generator's template, else the task itself) it measured outside `pass_range` are left out of training
+    and held-out alike - RL on tasks the model can partly solve, where groups carry signal."""
+    pass_range: tuple[float, float] = (0.0, 1.0)
+    """[low, high] pass rate kept when `pass_rates` is set (both inclusive)."""
     num_train: int = Field(20000, ge=1)
     """Built-in generator: training tasks."""
     num_heldout: int = Field(512, ge=1)
@@ -342,6 +353,9 @@ class EvalSection(Section):
     """Samples per held-out task (temperature 1.0) for the before/after pass@1."""
     temperature: float = Field(1.0, gt=0.0)
     """Sampling temperature of the sampled pass@1."""
+    benchmarks: list[str] = []
+    """Named task sets (humaneval, leetcode-easy, ...) also evaluated greedily before and after RL; their
+    pass@1 with a 95% interval goes into summary.json."""
 
 
 class TrackingSection(Section):

@@ -23,6 +23,7 @@ from rich.console import Console
 
 from tempering.checkpoint import resolve_model
 from tempering.config import RunConfig
+from tempering.data import load_tasks
 from tempering.envs import env_context, make_env
 from tempering.envs.tools import tool_declarations
 from tempering.eval.evaluate import evaluate
@@ -44,6 +45,7 @@ from tempering.sandbox import Sandbox
 from tempering.state import TrainState
 from tempering.summary import print_summary, write_summary
 from tempering.tracking import Tracker
+from tempering.types import Task
 from tempering.training.sft import encode_transcript, run_sft
 from tempering.training.transcripts import transcript_text
 from tempering.workspace import START_RECORD, Workspace, make_sandbox, prepare, recorded_start, write_json
@@ -137,33 +139,35 @@ def sft_stage(ws: Workspace, start: Path, sandbox: Sandbox | None = None) -> Pat
     return out / "model"
 
 
-def eval_key(ws: Workspace, model_dir: Path, step: int | None) -> dict[str, Any]:
+def eval_key(ws: Workspace, model_dir: Path, step: int | None, tasks: list[Task]) -> dict[str, Any]:
     """What a held-out evaluation depends on: the model (its directory and, after RL, the checkpoint step),
-    the held-out tasks themselves (a digest of their content), and every setting that shapes the numbers -
+    the tasks themselves (a digest of their content), and every setting that shapes the numbers -
     sampling, the environment (instruction, context, feedback, turns, chat format), the seed and the
     sandbox's limits. A stored result is reused only when its key is equal."""
     cfg = ws.cfg
     model = model_dir.resolve()
     run_dir = ws.run_dir.resolve()
-    tasks = hashlib.sha256("\n".join(t.model_dump_json() for t in ws.heldout_tasks).encode()).hexdigest()
+    digest = hashlib.sha256("\n".join(t.model_dump_json() for t in tasks).encode()).hexdigest()
     s = cfg.sandbox
     return {"model": str(model.relative_to(run_dir)) if model.is_relative_to(run_dir) else str(model),
-            "step": step, "heldout_tasks": len(ws.heldout_tasks), "heldout_sha256": tasks,
+            "step": step, "heldout_tasks": len(tasks), "heldout_sha256": digest,
             "samples": cfg.eval.samples, "temperature": cfg.eval.temperature,
             "max_new_tokens": cfg.rollout.max_new_tokens, "env": cfg.env.model_dump(), "seed": cfg.run.seed,
             "sandbox_limits": [s.timeout_s, s.cpu_s, s.memory_mb, s.max_output_bytes],
             **({"compute": "bfloat16"} if compute_dtype(cfg.model.compute, cfg.run.device) == torch.bfloat16 else {})}
 
 
-def heldout_eval(ws: Workspace, model_dir: Path, sandbox: Sandbox, name: str,
-                 step: int | None = None) -> dict[str, Any]:
-    """Sampled (T = eval.temperature, eval.samples per task) and greedy pass@1 on all held-out tasks.
+def heldout_eval(ws: Workspace, model_dir: Path, sandbox: Sandbox, name: str, step: int | None = None,
+                 tasks: list[Task] | None = None, sampled: bool = True) -> dict[str, Any]:
+    """Sampled (T = eval.temperature, eval.samples per task; unless `sampled` is False) and greedy pass@1 on
+    `tasks` (all held-out tasks by default).
 
     The result (RUN_DIR/<name>.json) records what it evaluated (`eval_key`: the model and, after RL, the
     checkpoint step); an existing one is reused only for the same key, so a run that went on training is
     evaluated again instead of reporting a model that no longer exists."""
     path = ws.run_dir / f"{name}.json"
-    key = eval_key(ws, model_dir, step)
+    tasks = ws.heldout_tasks if tasks is None else tasks
+    key = {**eval_key(ws, model_dir, step, tasks), **({} if sampled else {"sampled": False})}
     if path.is_file():
         stored = json.loads(path.read_text())
         if stored.get("evaluated") == key:
@@ -178,11 +182,21 @@ def heldout_eval(ws: Workspace, model_dir: Path, sandbox: Sandbox, name: str,
                          dtype=compute_dtype(cfg.model.compute, cfg.run.device))
     kw = dict(max_context=cfg.env.max_context, chat=cfg.env.chat_format)
     ctx = env_context(cfg, sandbox)
-    sampled = evaluate(engine, ws.heldout_tasks, ctx, samples=cfg.eval.samples, seed=cfg.run.seed + 7, **kw)
-    greedy = evaluate(engine, ws.heldout_tasks, ctx, greedy=True, **kw)
-    result = {"evaluated": key, "sampled": sampled.to_json(), "greedy": greedy.to_json(),
-              "wall_time_s": time.perf_counter() - began}
+    result: dict[str, Any] = {"evaluated": key}
+    if sampled:
+        result["sampled"] = evaluate(engine, tasks, ctx, samples=cfg.eval.samples, seed=cfg.run.seed + 7,
+                                     **kw).to_json()
+    result["greedy"] = evaluate(engine, tasks, ctx, greedy=True, **kw).to_json()
+    result["wall_time_s"] = time.perf_counter() - began
     write_json(path, result)
+    return result
+
+
+def benchmark_eval(ws: Workspace, name: str, model_dir: Path, sandbox: Sandbox, when: str,
+                   step: int | None = None) -> dict[str, Any]:
+    """Greedy pass@1 on a named task set of `eval.benchmarks` (RUN_DIR/<name>_<when>.json)."""
+    result = heldout_eval(ws, model_dir, sandbox, f"{name}_{when}", step, tasks=load_tasks(name), sampled=False)
+    ws.log(f"{name} greedy pass@1 {when} RL: {result['greedy']['overall']['pass@1']:.1%}")
     return result
 
 
@@ -228,11 +242,15 @@ def train(cfg: RunConfig, console: Console | None = None, allow_config_change: b
         before = heldout_eval(ws, start, sandbox, "eval_before")
         ws.log(f"held-out pass@1 before RL: sampled {before['sampled']['overall']['pass@1']:.1%}, "
                f"greedy {before['greedy']['overall']['pass@1']:.1%}")
+        benchmarks = {name: [benchmark_eval(ws, name, start, sandbox, "before")] for name in cfg.eval.benchmarks}
         final, last_step = rl_stage(ws, start, sandbox)
         after = heldout_eval(ws, final, sandbox, "eval_after", step=last_step)
+        for name, pair in benchmarks.items():
+            pair.append(benchmark_eval(ws, name, final, sandbox, "after", step=last_step))
     finally:
         sandbox.close()
-    summary = write_summary(ws, before, after, time.perf_counter() - began)
+    summary = write_summary(ws, before, after, time.perf_counter() - began,
+                            benchmarks={name: tuple(pair) for name, pair in benchmarks.items()})
     print_summary(ws.console, summary)
     return summary
 

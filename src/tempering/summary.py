@@ -16,7 +16,9 @@ from tempering.tracking.plot import plot_run
 from tempering.workspace import Workspace, write_json
 
 
-def write_summary(ws: Workspace, before: dict, after: dict, wall_time_s: float) -> dict[str, Any]:
+def write_summary(ws: Workspace, before: dict, after: dict, wall_time_s: float,
+                  benchmarks: dict[str, tuple[dict, dict]] | None = None) -> dict[str, Any]:
+    """summary.json; `benchmarks`: {task set: (greedy evaluation before RL, after)} of `eval.benchmarks`."""
     rows = read_metrics(ws.run_dir / "metrics.jsonl")
     sft_done = ws.run_dir / "sft" / "DONE.json"
     rl_s = sum((r.get("timing_s/step") or 0) + (r.get("timing_s/checkpoint") or 0) for r in rows)
@@ -47,6 +49,10 @@ def write_summary(ws: Workspace, before: dict, after: dict, wall_time_s: float) 
     intervals = heldout_intervals(before, after, {t.id: t.domain for t in ws.heldout_tasks})
     if intervals:
         summary["intervals"] = intervals
+    if benchmarks:
+        summary["benchmarks"] = {name: benchmark_summary(b, a) for name, (b, a) in benchmarks.items()}
+        summary["wall_time_split_s"]["benchmarks"] = sum(b["wall_time_s"] + a["wall_time_s"]
+                                                         for b, a in benchmarks.values())
     history = config_history.read_history(ws.run_dir)
     if history:
         summary["config_changes"] = history
@@ -71,6 +77,15 @@ def heldout_intervals(before: dict, after: dict, domains: dict[str, str]) -> dic
     return out
 
 
+def benchmark_summary(before: dict, after: dict) -> dict[str, Any]:
+    """Greedy pass@1 of a named task set before and after RL, with 95% intervals and the paired gain."""
+    b, a = before["greedy"], after["greedy"]
+    ids = {t: "all" for t in b["per_task"]}
+    return {"tasks": b["num_tasks"], "greedy_pass@1_before": b["overall"]["pass@1"],
+            "greedy_pass@1_after": a["overall"]["pass@1"],
+            "intervals": pass_intervals(b["per_task"], a["per_task"], ids)["all"]}
+
+
 def print_summary(console: Console, summary: dict[str, Any]) -> None:
     table = Table(title=f"held-out pass@1 ({summary['heldout_tasks']} tasks, T={summary['temperature']})")
     table.add_column("domain")
@@ -90,6 +105,9 @@ def print_summary(console: Console, summary: dict[str, Any]) -> None:
                   f"{summary['heldout_pass@1_after']:.1%}", *gain("sampled", "all"))
     table.add_row("[bold]all (greedy)", f"{summary['heldout_greedy_pass@1_before']:.1%}",
                   f"{summary['heldout_greedy_pass@1_after']:.1%}", *gain("greedy", "all"))
+    for name, b in summary.get("benchmarks", {}).items():
+        table.add_row(f"[bold]{name} (greedy, {b['tasks']})", f"{b['greedy_pass@1_before']:.1%}",
+                      f"{b['greedy_pass@1_after']:.1%}", *([format_gain(b["intervals"]["gain"])] if intervals else []))
     console.print(table)
     console.print(f"wall time {summary['wall_time_s']:.0f} s")
     evaluated, planned = summary.get("rl_step_evaluated"), summary.get("rl_steps_planned")

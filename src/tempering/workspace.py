@@ -22,6 +22,7 @@ from tempering import config_history
 from tempering.checkpoint import resolve_model
 from tempering.config import RunConfig
 from tempering.data import MixtureSampler, generate_tasks, load_tasks, save_tasks, split_stages
+from tempering.data.difficulty import in_range, load_pass_rates
 from tempering.envs import env_context
 from tempering.errors import ConfigError, SandboxError
 from tempering.models.loading import check_model_dir, compute_dtype, resolve_device
@@ -92,6 +93,10 @@ def prepare(cfg: RunConfig, console: Console | None = None, allow_config_change:
         gen_train, gen_heldout = builtin_tasks(cfg)
         train = train if train is not None else gen_train
         heldout = heldout if heldout is not None else gen_heldout
+    if cfg.data.pass_rates:
+        train, heldout = _in_pass_range(cfg, train, heldout)
+    for name in cfg.eval.benchmarks:  # evaluated before and after RL: a missing package fails now
+        load_tasks(name)
     _check_disjoint(train, heldout)
     try:
         sft, rl = split_stages(train, cfg.data.sft_fraction, cfg.data.seed)
@@ -129,12 +134,15 @@ def recorded_start(run_dir: Path, model_path: str) -> Path | None:
     return Path(record["resolved"]) if record.get("model.path") == model_path else None
 
 
-def builtin_tasks(cfg: RunConfig) -> tuple[list[Task], list[Task]]:
-    """(train, held-out) from the generator named by `data.generator`."""
+def builtin_tasks(cfg: RunConfig, measured: bool = True) -> tuple[list[Task], list[Task]]:
+    """(train, held-out) from the generator named by `data.generator`; the code generator draws only from
+    templates in `data.pass_range` when `measured` (so `data.num_train` / `num_heldout` are what a run gets)."""
     d = cfg.data
     try:
         if d.generator == "code":
-            return generate_tasks(d.num_train, d.num_heldout, d.seed, d.domains)
+            templates = _templates_in_range(cfg) if measured and d.pass_rates else d.templates
+            return generate_tasks(d.num_train, d.num_heldout, d.seed, d.domains, templates=templates,
+                                  describe=d.describe)
         if d.generator == "tools":
             from tempering.envs.tool_tasks import generate_tool_tasks
 
@@ -154,6 +162,32 @@ def builtin_tasks(cfg: RunConfig) -> tuple[list[Task], list[Task]]:
                          config=d.gym_config, max_prompt_chars=d.gym_max_prompt_chars)
     except (ValueError, ImportError) as e:
         raise ConfigError(f"data ({d.generator} tasks): {e}") from None
+
+
+def _templates_in_range(cfg: RunConfig) -> list[str]:
+    """`data.templates` (all by default) less those whose measured pass rate is outside `data.pass_range`."""
+    from tempering.data.generators import TEMPLATES
+
+    rates = load_pass_rates(cfg.data.pass_rates)
+    low, high = cfg.data.pass_range
+    names = cfg.data.templates or [t.name for t in TEMPLATES]
+    kept = [n for n in names if n not in rates or low <= rates[n] <= high]
+    if not kept:
+        raise ConfigError(f"data.pass_range: [{low}, {high}] leaves no training task "
+                          f"({sum(low <= r <= high for r in rates.values())} of {len(rates)} families in range)")
+    return kept
+
+
+def _in_pass_range(cfg: RunConfig, train: list[Task], heldout: list[Task]) -> tuple[list[Task], list[Task]]:
+    """Training and held-out tasks whose family's measured pass rate is within `data.pass_range`."""
+    rates = load_pass_rates(cfg.data.pass_rates)
+    low, high = cfg.data.pass_range
+    kept = in_range(train, rates, low, high), in_range(heldout, rates, low, high)
+    for name, tasks in zip(("training", "held-out"), kept):
+        if not tasks:
+            raise ConfigError(f"data.pass_range: [{low}, {high}] leaves no {name} task "
+                              f"({sum(low <= r <= high for r in rates.values())} of {len(rates)} families in range)")
+    return kept
 
 
 def _check_disjoint(train: list[Task], heldout: list[Task]) -> None:
