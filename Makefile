@@ -51,8 +51,10 @@ smollm2: $(DEV_STAMP) $(MODELS_STAMP)
 smoke: setup
 	$(BIN)/tempering train configs/smoke.yaml run.dir=runs/smoke
 
+# Two pytest workers (pytest-xdist): much of the suite waits on subprocesses, servers and sandboxes, so two
+# overlap well even on 2 cores; the Ray tests stay on one worker, in turn (xdist_group "ray").
 test: $(DEV_STAMP) $(MODELS_STAMP)
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n 2 --dist loadgroup
 
 # vLLM's CPU build in a venv of its own (it pins torch 2.13.0+cpu and transformers <5.20; ~110 s, 3.5 GB):
 # rollout.engine=vllm and the `vllm` tests. Not part of `make test`.

@@ -61,12 +61,15 @@ def test_the_report_shows_held_out_intervals_and_the_validation_curve(tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     block = {"before": [0.05, 0.15], "after": [0.22, 0.38], "gain": [0.2, 0.12, 0.28], "tasks": 8}
     summary["intervals"] = {"sampled": {"all": block, "lists": block}, "greedy": {"all": block}}
+    summary["benchmarks"] = {"humaneval": {"tasks": 164, "greedy_pass@1_before": 0.037, "greedy_pass@1_after": 0.043,
+                                           "intervals": {**block, "gain": [0.006, -0.012, 0.024]}}}
     (run_dir / "summary.json").write_text(json.dumps(summary))
     assert cli(["report", str(run_dir)]) == 0
     page = (run_dir / "report.html").read_text()
     assert 'alt="held-out pass@1 before and after RL"' in page and 'alt="held-out pass@1 (validation)"' in page
     assert page.count("data:image/png;base64,") == 8
     assert "+20.0 [+12.0, +28.0]" in page
+    assert "humaneval (greedy, 164)</th><th>3.7%</th><th>4.3%</th><td>+0.6 [-1.2, +2.4]</td>" in page
     assert ema([1.0, 1.0, 1.0], 5) == pytest.approx([1.0, 1.0, 1.0])  # debiased: no pull towards 0
     assert ema([0.0, 1.0], 1) == [0.0, 1.0]                                # span 1: the raw values
 

@@ -45,9 +45,9 @@ from tempering.sandbox import Sandbox
 from tempering.state import TrainState
 from tempering.summary import print_summary, write_summary
 from tempering.tracking import Tracker
-from tempering.types import Task
 from tempering.training.sft import encode_transcript, run_sft
 from tempering.training.transcripts import transcript_text
+from tempering.types import Task
 from tempering.workspace import START_RECORD, Workspace, make_sandbox, prepare, recorded_start, write_json
 
 # ----------------------------------------------------------------------------------------- stages

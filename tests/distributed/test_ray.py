@@ -14,7 +14,8 @@ import pytest
 from tests.test_e2e import ROOT, metrics, tempering
 
 ray = pytest.importorskip("ray")
-pytestmark = [pytest.mark.ray, pytest.mark.slow]
+# One xdist worker runs these in turn (make test runs two workers): one local Ray cluster at a time.
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.xdist_group("ray")]
 
 SHORT = ("sft.steps=8", "train.steps=4")
 ASYNC = ("rollout.max_staleness=1", "rollout.shards=4")

@@ -195,6 +195,10 @@ def _passk_table(summary: dict[str, Any]) -> str:
               ("all (greedy)", "heldout_greedy_pass@1_before", "heldout_greedy_pass@1_after", "greedy")]
     rows += "".join(f"<tr><th>{name}</th><th>{summary[b]:.1%}</th><th>{summary[a]:.1%}</th>{gain(kind, 'all')}</tr>"
                     for name, b, a, kind in totals if b in summary and a in summary)
+    for name, b in summary.get("benchmarks", {}).items():  # eval.benchmarks, greedy
+        gain_cell = f"<td>{format_gain(b['intervals']['gain'])}</td>" if intervals else ""
+        rows += (f"<tr><th>{html.escape(name)} (greedy, {b['tasks']})</th><th>{b['greedy_pass@1_before']:.1%}</th>"
+                 f"<th>{b['greedy_pass@1_after']:.1%}</th>{gain_cell}</tr>")
     head = "<th>gain, points [95% CI]</th>" if intervals else ""
     return f"<table><tr><th>domain</th><th>before RL</th><th>after RL</th>{head}</tr>{rows}</table>"
 
