@@ -143,7 +143,8 @@ def test_bad_inputs_fail_with_one_line_and_lose_nothing(tmp_path):
     assert (run_dir / "notes.txt").read_text() == "keep me"
 
 
-def _closed_port() -> int:
+def closed_port() -> int:
+    """A loopback port nothing listens on (one that was just free)."""
     import socket
 
     with socket.socket() as s:
@@ -151,17 +152,23 @@ def _closed_port() -> int:
         return s.getsockname()[1]
 
 
+CLOSED_URL = "sandbox.url=http://127.0.0.1:{port}"
+"""An override naming a sandbox service that is down; the port is chosen when the test runs (test ids must be
+the same in every pytest-xdist worker)."""
+
+
 @pytest.mark.parametrize("override, message", [
     ("reward.params={tests: {edge_wieght: 2.0}}", "reward.params.tests: unknown parameter(s) edge_wieght"),
     ("algo.estimator=no_such_pkg.adv:fn", "algo.estimator: advantage estimator 'no_such_pkg.adv:fn': cannot import"),
     ("checkpoint.every=0", "config key 'checkpoint.every'"),
     ("env.options.flaky_failure_rat=0.5", "unknown config key 'env.options.flaky_failure_rat'"),
-    (f"sandbox.url=http://127.0.0.1:{_closed_port()}", "sandbox.url: sandbox service at http://127.0.0.1:"),
+    (CLOSED_URL, "sandbox.url: sandbox service at http://127.0.0.1:"),
 ])
 def test_late_config_errors_fail_before_the_run_directory_exists(tmp_path, override, message):
     """Each of these used to pass load time and fail after SFT and the held-out evaluation (or, for the
     sandbox URL, after config.yaml and data/ were written)."""
     run_dir = tmp_path / "run"
+    override = override.replace("{port}", str(closed_port()))
     proc = tempering("train", "configs/smoke.yaml", f"run.dir={run_dir}", override, check=False)
     assert proc.returncode == 2, proc.stderr
     assert message in proc.stderr

@@ -1,28 +1,22 @@
 """`pipeline.prepare`: inputs outside the config that used to fail only after SFT fail before the run
 directory exists."""
 
-import socket
-
 import pytest
 
 from tempering.config import build_config
 from tempering.errors import TemperingError
 from tempering.workspace import prepare
-
-
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.test_e2e import CLOSED_URL, closed_port
 
 
 @pytest.mark.parametrize("override, message", [
     ("sandbox.python=/nonexistent/python3", "sandbox.python: '/nonexistent/python3' is not an executable"),
     ("checkpoint.uri=nosuch://bucket/run", "checkpoint.uri 'nosuch://bucket/run'"),
-    (f"sandbox.url=http://127.0.0.1:{_closed_port()}", "sandbox.url: sandbox service at http://127.0.0.1:"),
+    (CLOSED_URL, "sandbox.url: sandbox service at http://127.0.0.1:"),
 ])
 def test_outside_inputs_fail_before_the_run_directory_exists(tmp_path, override, message):
     run_dir = tmp_path / "run"
+    override = override.replace("{port}", str(closed_port()))
     with pytest.raises(TemperingError, match=message) as e:
         prepare(build_config({}, [f"run.dir={run_dir}", override]))
     assert "\n" not in str(e.value)

@@ -89,7 +89,7 @@ class DataSection(Section):
     """A file of the start model's own pass rates (`tempering data pass-rates`): tasks whose family (the
     generator's template, else the task itself) it measured outside `pass_range` are left out of training
     and held-out alike - RL on tasks the model can partly solve, where groups carry signal."""
-    pass_range: tuple[float, float] = (0.0, 1.0)
+    pass_range: list[float] = Field([0.0, 1.0], min_length=2, max_length=2)
     """[low, high] pass rate kept when `pass_rates` is set (both inclusive)."""
     num_train: int = Field(20000, ge=1)
     """Built-in generator: training tasks."""

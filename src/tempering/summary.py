@@ -61,7 +61,7 @@ def write_summary(ws: Workspace, before: dict, after: dict, wall_time_s: float,
                   "val/greedy_pass@1": summary["heldout_greedy_pass@1_before"]}
     val_after = {"val/pass@1": summary["heldout_pass@1_after"],
                  "val/greedy_pass@1": summary["heldout_greedy_pass@1_after"]}
-    plot_run(rows, ws.run_dir / "plot.png", before=val_before, after=val_after)
+    plot_run(rows, ws.run_dir / "plot.png", before=val_before, after=val_after, temperature=ws.cfg.eval.temperature)
     return summary
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 
 def plot_run(rows: list[dict[str, Any]], path: Path, *, before: dict[str, float] | None = None,
-             after: dict[str, float] | None = None) -> Path:
+             after: dict[str, float] | None = None, temperature: float = 1.0) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -25,7 +25,7 @@ def plot_run(rows: list[dict[str, Any]], path: Path, *, before: dict[str, float]
     ax1.set_title("training reward")
     ax1.legend()
 
-    for key, label in (("val/pass@1", "sampled T=1"), ("val/greedy_pass@1", "greedy")):
+    for key, label in (("val/pass@1", f"sampled T={temperature:g}"), ("val/greedy_pass@1", "greedy")):
         pts = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
         if before and key in before:
             pts = [(0, before[key]), *pts]
