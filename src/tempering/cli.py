@@ -142,53 +142,17 @@ def cmd_data_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_data_pass_rates(args: argparse.Namespace) -> int:
-    """The start model's pass rate per task family on a recipe's training tasks, sampled as RL samples
-    (rollout temperature and length, the environment's instruction): the file `data.pass_rates` reads."""
-    import time
+    from tempering.pipeline import measure_pass_rates
 
-    import torch
-
-    from tempering.checkpoint import resolve_model
-    from tempering.data import load_tasks
-    from tempering.data.difficulty import family_rates, pick_per_family
-    from tempering.envs import env_context
-    from tempering.eval.evaluate import evaluate
-    from tempering.models.loading import compute_dtype, load_model, load_tokenizer, resolve_device
-    from tempering.models.registry import prepare as prepare_model
-    from tempering.rollout.engine import SamplingParams, make_engine
-    from tempering.workspace import builtin_tasks, make_sandbox
-
-    cfg = _config(args)
-    if not (cfg.model.name or cfg.model.path):
-        raise TemperingError("data pass-rates: the config names no start model (model.name or model.path); "
-                             "the built-in tiny model exists only after the run's SFT")
     out = Path(args.out)
     if out.is_dir():
         raise TemperingError(f"--out '{out}' is a directory")
-    d = cfg.data
-    train = load_tasks(d.train_file, d.columns) if d.train_file else builtin_tasks(cfg, measured=False)[0]
-    tasks = pick_per_family(train, args.per_family)
-    model_dir = prepare_model(cfg.model.name) if cfg.model.name else resolve_model(cfg.model.path)
-    device = resolve_device(cfg.run.device)
-    torch.set_num_threads(cfg.run.threads)
-    ro = cfg.rollout
-    engine = make_engine(load_model(model_dir, device=device), load_tokenizer(model_dir),
-                         SamplingParams(ro.temperature, ro.top_p, ro.max_new_tokens),
-                         dtype=compute_dtype(cfg.model.compute, device))
-    began = time.perf_counter()
-    with make_sandbox(cfg) as sandbox:
-        report = evaluate(engine, tasks, env_context(cfg, sandbox), samples=args.samples,
-                          max_context=cfg.env.max_context, seed=args.seed, chat=cfg.env.chat_format)
-    families = family_rates(tasks, report.per_task, report.samples)
+    rates = measure_pass_rates(_config(args), args.per_family, args.samples, args.seed)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"model": cfg.model.name or str(model_dir), "config": str(args.config),
-                               "samples": report.samples, "temperature": ro.temperature,
-                               "max_new_tokens": ro.max_new_tokens, "tasks": len(tasks),
-                               "wall_time_s": round(time.perf_counter() - began, 1), "families": families},
-                              indent=1) + "\n")
-    for name, f in sorted(families.items(), key=lambda kv: -kv[1]["pass_rate"]):
-        print(f"{name:24s} {f['pass_rate']:6.1%}  ({f['tasks']} tasks x {report.samples})")
-    print(f"wrote {out}: {len(families)} families, {len(tasks)} tasks, overall {report.overall['pass@1']:.1%}")
+    out.write_text(json.dumps({**rates, "config": str(args.config)}, indent=1) + "\n")
+    for name, f in sorted(rates["families"].items(), key=lambda kv: -kv[1]["pass_rate"]):
+        print(f"{name:24s} {f['pass_rate']:6.1%}  ({f['tasks']} tasks x {rates['samples']})")
+    print(f"wrote {out}: {len(rates['families'])} families, {rates['tasks']} tasks, overall {rates['pass@1']:.1%}")
     return 0
 
 

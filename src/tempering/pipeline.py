@@ -24,8 +24,10 @@ from rich.console import Console
 from tempering.checkpoint import resolve_model
 from tempering.config import RunConfig
 from tempering.data import load_tasks
+from tempering.data.difficulty import family_rates, pick_per_family
 from tempering.envs import env_context, make_env
 from tempering.envs.tools import tool_declarations
+from tempering.errors import ConfigError
 from tempering.eval.evaluate import evaluate
 from tempering.loop import RLTrainer
 from tempering.models.loading import (
@@ -34,6 +36,7 @@ from tempering.models.loading import (
     load_model,
     load_tokenizer,
     num_parameters,
+    resolve_device,
     save_model,
 )
 from tempering.models.lora import is_adapter_dir
@@ -48,7 +51,15 @@ from tempering.tracking import Tracker
 from tempering.training.sft import encode_transcript, run_sft
 from tempering.training.transcripts import transcript_text
 from tempering.types import Task
-from tempering.workspace import START_RECORD, Workspace, make_sandbox, prepare, recorded_start, write_json
+from tempering.workspace import (
+    START_RECORD,
+    Workspace,
+    builtin_tasks,
+    make_sandbox,
+    prepare,
+    recorded_start,
+    write_json,
+)
 
 # ----------------------------------------------------------------------------------------- stages
 
@@ -176,10 +187,7 @@ def heldout_eval(ws: Workspace, model_dir: Path, sandbox: Sandbox, name: str, st
         ws.log(f"{name}.json evaluated {was} with other settings or another model; evaluating {key['model']}")
     cfg = ws.cfg
     began = time.perf_counter()
-    model = load_model(model_dir, dtype=cfg.model.dtype, device=cfg.run.device)
-    tokenizer = load_tokenizer(model_dir)
-    engine = make_engine(model, tokenizer, SamplingParams(cfg.eval.temperature, 1.0, cfg.rollout.max_new_tokens),
-                         dtype=compute_dtype(cfg.model.compute, cfg.run.device))
+    engine = config_engine(cfg, model_dir, SamplingParams(cfg.eval.temperature, 1.0, cfg.rollout.max_new_tokens))
     kw = dict(max_context=cfg.env.max_context, chat=cfg.env.chat_format)
     ctx = env_context(cfg, sandbox)
     result: dict[str, Any] = {"evaluated": key}
@@ -192,10 +200,41 @@ def heldout_eval(ws: Workspace, model_dir: Path, sandbox: Sandbox, name: str, st
     return result
 
 
+def config_engine(cfg: RunConfig, model_dir: Path, sampling: SamplingParams):
+    """An engine over `model_dir` as the config loads and runs models (dtype, device, compute)."""
+    model = load_model(model_dir, dtype=cfg.model.dtype, device=cfg.run.device)
+    return make_engine(model, load_tokenizer(model_dir), sampling, dtype=compute_dtype(cfg.model.compute,
+                                                                                      cfg.run.device))
+
+
+def measure_pass_rates(cfg: RunConfig, per_family: int, samples: int, seed: int) -> dict[str, Any]:
+    """The start model's pass rate per task family (`data/difficulty.py`) on `per_family` training tasks of
+    each, sampled as RL samples (rollout temperature and length, the environment's instruction): what
+    `tempering data pass-rates` writes and `data.pass_rates` reads."""
+    if not (cfg.model.name or cfg.model.path):
+        raise ConfigError("data pass-rates: the config names no start model (model.name or model.path); "
+                          "the built-in tiny model exists only after the run's SFT")
+    d, ro = cfg.data, cfg.rollout
+    train = load_tasks(d.train_file, d.columns) if d.train_file else builtin_tasks(cfg)[0]
+    tasks = pick_per_family(train, per_family)
+    model_dir = prepare_model(cfg.model.name) if cfg.model.name else resolve_model(cfg.model.path)
+    cfg.run.device = resolve_device(cfg.run.device)
+    torch.set_num_threads(cfg.run.threads)
+    engine = config_engine(cfg, model_dir, SamplingParams(ro.temperature, ro.top_p, ro.max_new_tokens))
+    began = time.perf_counter()
+    with make_sandbox(cfg) as sandbox:
+        report = evaluate(engine, tasks, env_context(cfg, sandbox), samples=samples,
+                          max_context=cfg.env.max_context, seed=seed, chat=cfg.env.chat_format)
+    return {"model": cfg.model.name or str(model_dir), "samples": report.samples, "temperature": ro.temperature,
+            "max_new_tokens": ro.max_new_tokens, "tasks": len(tasks), "pass@1": report.overall["pass@1"],
+            "wall_time_s": round(time.perf_counter() - began, 1),
+            "families": family_rates(tasks, report.per_task, report.samples)}
+
+
 def benchmark_eval(ws: Workspace, name: str, model_dir: Path, sandbox: Sandbox, when: str,
                    step: int | None = None) -> dict[str, Any]:
     """Greedy pass@1 on a named task set of `eval.benchmarks` (RUN_DIR/<name>_<when>.json)."""
-    result = heldout_eval(ws, model_dir, sandbox, f"{name}_{when}", step, tasks=load_tasks(name), sampled=False)
+    result = heldout_eval(ws, model_dir, sandbox, f"{name}_{when}", step, tasks=ws.benchmarks[name], sampled=False)
     ws.log(f"{name} greedy pass@1 {when} RL: {result['greedy']['overall']['pass@1']:.1%}")
     return result
 

@@ -22,7 +22,7 @@ from tempering import config_history
 from tempering.checkpoint import resolve_model
 from tempering.config import RunConfig
 from tempering.data import MixtureSampler, generate_tasks, load_tasks, save_tasks, split_stages
-from tempering.data.difficulty import in_range, load_pass_rates
+from tempering.data.difficulty import in_range, kept, load_pass_rates
 from tempering.envs import env_context
 from tempering.errors import ConfigError, SandboxError
 from tempering.models.loading import check_model_dir, compute_dtype, resolve_device
@@ -48,6 +48,8 @@ class Workspace:
     sft_tasks: list[Task]
     rl_tasks: list[Task]
     console: Console
+    benchmarks: dict[str, list[Task]]
+    """`eval.benchmarks`' task sets, evaluated before and after RL."""
     allow_config_change: bool = False
     """`--allow-config-change`: a resumed run may change keys outside `config_history.MUTABLE`."""
     _transcripts: list[tuple[Task, Transcript]] | None = None
@@ -89,14 +91,14 @@ def prepare(cfg: RunConfig, console: Console | None = None, allow_config_change:
         # Generated once (reasoning-gym takes a while): a resumed run reads its own task files.
         train = train if train is not None else load_tasks(run_dir / "data" / "train.jsonl")
         heldout = heldout if heldout is not None else load_tasks(run_dir_data)
+    rates = load_pass_rates(cfg.data.pass_rates) if cfg.data.pass_rates else None
     if train is None or heldout is None:
-        gen_train, gen_heldout = builtin_tasks(cfg)
+        gen_train, gen_heldout = builtin_tasks(cfg, rates)
         train = train if train is not None else gen_train
         heldout = heldout if heldout is not None else gen_heldout
-    if cfg.data.pass_rates:
-        train, heldout = _in_pass_range(cfg, train, heldout)
-    for name in cfg.eval.benchmarks:  # evaluated before and after RL: a missing package fails now
-        load_tasks(name)
+    if rates is not None:
+        train, heldout = _in_pass_range(cfg, rates, train, heldout)
+    benchmarks = {name: load_tasks(name) for name in cfg.eval.benchmarks}  # a missing package fails now
     _check_disjoint(train, heldout)
     try:
         sft, rl = split_stages(train, cfg.data.sft_fraction, cfg.data.seed)
@@ -120,7 +122,8 @@ def prepare(cfg: RunConfig, console: Console | None = None, allow_config_change:
     if not (data_dir / "heldout.jsonl").exists():
         save_tasks(train, data_dir / "train.jsonl")
         save_tasks(heldout, data_dir / "heldout.jsonl")
-    return Workspace(cfg, run_dir, train, heldout, sft, rl, console, allow_config_change=allow_config_change)
+    return Workspace(cfg, run_dir, train, heldout, sft, rl, console, benchmarks,
+                     allow_config_change=allow_config_change)
 
 
 START_RECORD = "start.json"
@@ -134,13 +137,14 @@ def recorded_start(run_dir: Path, model_path: str) -> Path | None:
     return Path(record["resolved"]) if record.get("model.path") == model_path else None
 
 
-def builtin_tasks(cfg: RunConfig, measured: bool = True) -> tuple[list[Task], list[Task]]:
-    """(train, held-out) from the generator named by `data.generator`; the code generator draws only from
-    templates in `data.pass_range` when `measured` (so `data.num_train` / `num_heldout` are what a run gets)."""
+def builtin_tasks(cfg: RunConfig, rates: dict[str, float] | None = None) -> tuple[list[Task], list[Task]]:
+    """(train, held-out) from the generator named by `data.generator`; given the measured pass `rates`, the
+    code generator draws only from templates in `data.pass_range` (so `data.num_train` / `num_heldout` are
+    what a run gets)."""
     d = cfg.data
     try:
         if d.generator == "code":
-            templates = _templates_in_range(cfg) if measured and d.pass_rates else d.templates
+            templates = _templates_in_range(cfg, rates) if rates is not None else d.templates
             return generate_tasks(d.num_train, d.num_heldout, d.seed, d.domains, templates=templates,
                                   describe=d.describe)
         if d.generator == "tools":
@@ -164,30 +168,33 @@ def builtin_tasks(cfg: RunConfig, measured: bool = True) -> tuple[list[Task], li
         raise ConfigError(f"data ({d.generator} tasks): {e}") from None
 
 
-def _templates_in_range(cfg: RunConfig) -> list[str]:
+def _templates_in_range(cfg: RunConfig, rates: dict[str, float]) -> list[str]:
     """`data.templates` (all by default) less those whose measured pass rate is outside `data.pass_range`."""
     from tempering.data.generators import TEMPLATES
 
-    rates = load_pass_rates(cfg.data.pass_rates)
     low, high = cfg.data.pass_range
-    names = cfg.data.templates or [t.name for t in TEMPLATES]
-    kept = [n for n in names if n not in rates or low <= rates[n] <= high]
-    if not kept:
-        raise ConfigError(f"data.pass_range: [{low}, {high}] leaves no training task "
-                          f"({sum(low <= r <= high for r in rates.values())} of {len(rates)} families in range)")
-    return kept
+    names = [n for n in cfg.data.templates or [t.name for t in TEMPLATES] if kept(n, rates, low, high)]
+    if not names:
+        raise ConfigError(_nothing_in_range(cfg, rates, "training"))
+    return names
 
 
-def _in_pass_range(cfg: RunConfig, train: list[Task], heldout: list[Task]) -> tuple[list[Task], list[Task]]:
-    """Training and held-out tasks whose family's measured pass rate is within `data.pass_range`."""
-    rates = load_pass_rates(cfg.data.pass_rates)
+def _in_pass_range(cfg: RunConfig, rates: dict[str, float], train: list[Task], heldout: list[Task]
+                   ) -> tuple[list[Task], list[Task]]:
+    """Training and held-out tasks whose family's measured pass rate is within `data.pass_range` (task
+    files; generated tasks were drawn from the templates in range already)."""
     low, high = cfg.data.pass_range
-    kept = in_range(train, rates, low, high), in_range(heldout, rates, low, high)
-    for name, tasks in zip(("training", "held-out"), kept):
+    kept_tasks = in_range(train, rates, low, high), in_range(heldout, rates, low, high)
+    for name, tasks in zip(("training", "held-out"), kept_tasks):
         if not tasks:
-            raise ConfigError(f"data.pass_range: [{low}, {high}] leaves no {name} task "
-                              f"({sum(low <= r <= high for r in rates.values())} of {len(rates)} families in range)")
-    return kept
+            raise ConfigError(_nothing_in_range(cfg, rates, name))
+    return kept_tasks
+
+
+def _nothing_in_range(cfg: RunConfig, rates: dict[str, float], split: str) -> str:
+    low, high = cfg.data.pass_range
+    return (f"data.pass_range: [{low}, {high}] leaves no {split} task "
+            f"({sum(low <= r <= high for r in rates.values())} of {len(rates)} families in range)")
 
 
 def _check_disjoint(train: list[Task], heldout: list[Task]) -> None:

@@ -55,6 +55,11 @@ def load_pass_rates(path: str | Path) -> dict[str, float]:
     return rates
 
 
+def kept(name: str, rates: dict[str, float], low: float, high: float) -> bool:
+    """A family stays when its measured pass rate lies in [low, high], or when it was not measured."""
+    return name not in rates or low <= rates[name] <= high
+
+
 def in_range(tasks: list[Task], rates: dict[str, float], low: float, high: float) -> list[Task]:
-    """The tasks whose family's measured pass rate lies in [low, high]; unmeasured families stay."""
-    return [t for t in tasks if not (family(t) in rates and not low <= rates[family(t)] <= high)]
+    """The tasks whose family stays (`kept`)."""
+    return [t for t in tasks if kept(family(t), rates, low, high)]
