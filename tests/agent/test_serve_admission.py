@@ -22,7 +22,7 @@ STEP_S = 0.02
 
 
 class Counted:
-    """The model's forward, slowed and counted (one call = prefill or one decode step)."""
+    """The engine's forward, slowed and counted (one call = a prefill chunk or one decode step)."""
 
     def __init__(self, forward):
         self.forward, self.calls = forward, 0
@@ -39,9 +39,9 @@ def serve(tiny_model_dir):
     servers = []
 
     def start(limits=None, max_batch=32):
-        model = load_model(tiny_model_dir)
-        counted = model.model.forward = Counted(model.model.forward)  # the decoder: one call a step
-        chat = local_model(model, load_tokenizer(tiny_model_dir), name="tiny")
+        chat = local_model(load_model(tiny_model_dir), load_tokenizer(tiny_model_dir), name="tiny")
+        scheduler = chat.engine.scheduler
+        counted = scheduler._forward = Counted(scheduler._forward)
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]

@@ -64,6 +64,37 @@ def test_generation_stops_at_the_end_of_turn_token(tmp_path, corpus):
     assert gen.response_mask.sum(1).tolist() == [1.0, 1.0] and gen.texts == ["", ""]
 
 
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_the_engines_fast_forward_gives_the_models_own_floats(tmp_path, corpus, name):
+    """The engine's Llama-family forward (`rollout.decoder`) against the model's own: bitwise the same tokens
+    and log-probs - prefill in chunks, a group's copies, decode, a next turn over a kept cache - in fp32 and
+    in bf16. Other architectures run their own forward."""
+    path = build(name, tmp_path / name, corpus)
+    tokenizer = load_tokenizer(path)
+    fmt = chat_format(tokenizer)
+    prompts = [fmt.start(text)[0] for text in ("Write add.", "Return the first element of a list, please.")]
+    for dtype in (torch.float32, torch.bfloat16):
+        runs = []
+        for fast in (True, False):
+            model = load_model(path).to(dtype)
+            engine = LocalEngine(model, tokenizer, SamplingParams(max_new_tokens=10))
+            scheduler = engine.scheduler
+            assert (scheduler.fast is not None) == (name in ("llama", "mistral", "qwen2", "qwen3"))
+            if not fast:
+                scheduler.fast = None
+            scheduler.prefill_chunk = 5
+            first = engine.generate([prompts[0]] * 3 + [prompts[1]], generator=torch.Generator().manual_seed(1),
+                                    keep=True)
+            turn = [p + ids.tolist() + prompts[1][:4] for p, ids in zip([prompts[0]] * 3 + [prompts[1]],
+                                                                       first.response_ids)]
+            second = engine.generate(turn, generator=torch.Generator().manual_seed(2))
+            assert all(second.reused)  # the next turn went through the kept caches
+            runs.append([(g.response_ids, g.logprobs, g.response_mask) for g in (first, second)])
+        for (ids, logprobs, mask), (ids0, logprobs0, mask0) in zip(*runs):
+            assert torch.equal(ids, ids0) and torch.equal(mask, mask0)
+            assert torch.equal(logprobs, logprobs0)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_sft_and_two_rl_steps_then_the_saved_model_reloads(tmp_path, corpus, name):

@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 from transformers import AttentionInterface
 
+from tempering.rollout.decoder import LlamaDecoder
 from tempering.rollout.kvcache import SlotCache
 from tempering.rollout.sampling import Sampled, Uniforms, sample
 
@@ -159,6 +160,7 @@ class Scheduler:
             base.config
         # transformers renamed the decoder's cache argument (past_key_values -> cache, 5.2x): use the model's own
         self._cache_arg = "cache" if "cache" in inspect.signature(self.decoder.forward).parameters else "past_key_values"
+        self.fast = LlamaDecoder.of(base, slot_attention)  # the same floats with less Python; None: the model's own
 
     # ------------------------------------------------------------------------------------ requests
 
@@ -309,6 +311,8 @@ class Scheduler:
         """The decoder's last hidden states (B, T, H) for tokens `ids` at `positions` of slots [lo, lo + B),
         attending where `mask` (B, 1, T, width) is true; their keys and values go into the cache."""
         self.cache.set_batch(lo, lo + len(ids), positions, mask.shape[-1])
+        if self.fast is not None:
+            return self.fast(ids, positions, mask, self.cache)
         return self.decoder(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
                             **{self._cache_arg: self.cache}).last_hidden_state
 

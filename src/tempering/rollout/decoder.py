@@ -1,0 +1,66 @@
+"""The engine's forward pass for Llama-family decoders (Llama, Mistral, Qwen2, Qwen3): transformers' own
+layers' operations, in the same order on the same tensors - bitwise the same hidden states (tested) - without
+the per-layer Python around them (keyword plumbing, decorators, the mask builder, the attention registry).
+At SmolLM2's 30 layers that Python is a tenth of a 32-row decode step: measured 1.07x the step, fp32 and
+bf16 alike. The modules themselves (projections, norms, activation, rotary embedding) are called as they are,
+so LoRA layers, pre-packed bf16 projections and biases behave as in the model's own forward. Any other
+architecture runs the model's own forward (`LlamaDecoder.of` returns None).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+FAMILY = ("llama", "mistral", "qwen2", "qwen3")
+"""`config.model_type`s whose decoder layers are: norm, attention (q/k/v projections, optional per-head q/k
+norms, rotary embedding, o projection), residual, norm, gated MLP, residual."""
+
+
+class LlamaDecoder:
+    def __init__(self, model, attention):
+        decoder = model.get_decoder()
+        self.embed, self.rotary, self.norm = decoder.embed_tokens, decoder.rotary_emb, decoder.norm
+        self.layers = list(decoder.layers[: model.config.num_hidden_layers])
+        self.head_dim = self.layers[0].self_attn.head_dim
+        self.attention = attention
+
+    @classmethod
+    def of(cls, model, attention) -> LlamaDecoder | None:
+        """The fast forward for `model` (a transformers causal LM, peft's base model included), attending with
+        `attention` (the engine's attention function); None where the architecture is not of the family."""
+        if getattr(model.config, "model_type", None) not in FAMILY:
+            return None
+        decoder = model.get_decoder()
+        if not all(hasattr(decoder, name) for name in ("embed_tokens", "rotary_emb", "norm", "layers")):
+            return None
+        return cls(model, attention)
+
+    def __call__(self, ids: Tensor, positions: Tensor, mask: Tensor, cache) -> Tensor:
+        """The last hidden states (B, T, H) of tokens `ids` (B, T) at `positions` (B, T), attending where `mask`
+        (B, 1, T, width) is true; keys and values go into `cache` (the engine's `SlotCache`, batch already set)."""
+        b, t = ids.shape
+        hidden = self.embed(ids)
+        cos, sin = self.rotary(hidden, positions)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)                    # (B, 1, T, D): broadcast over heads
+        shape = (b, t, -1, self.head_dim)
+        for index, layer in enumerate(self.layers):
+            attn, mlp = layer.self_attn, layer.mlp
+            x = layer.input_layernorm(hidden)
+            q, k = attn.q_proj(x).view(shape), attn.k_proj(x).view(shape)
+            if hasattr(attn, "q_norm"):                                   # Qwen3: per-head norms before rotary
+                q, k = attn.q_norm(q), attn.k_norm(k)
+            q, k = _rotate(q.transpose(1, 2), cos, sin), _rotate(k.transpose(1, 2), cos, sin)
+            v = attn.v_proj(x).view(shape).transpose(1, 2)
+            k, v = cache.update(k, v, index)
+            out, _ = self.attention(attn, q, k, v, mask, attn.scaling)
+            hidden = hidden + attn.o_proj(out.reshape(b, t, -1).contiguous())
+            x = layer.post_attention_layernorm(hidden)
+            hidden = hidden + mlp.down_proj(mlp.act_fn(mlp.gate_proj(x)) * mlp.up_proj(x))
+        return self.norm(hidden)
+
+
+def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotary position embedding, as transformers' `apply_rotary_pos_emb` computes it."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
