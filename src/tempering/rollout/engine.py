@@ -139,8 +139,9 @@ class LocalEngine:
     def run(self, handles: list[Handle]) -> list[Completion]:
         """Wait for `handles`: on the background loop if one runs, else by stepping in this thread."""
         if self._loop is None:
-            while not all(h.done() for h in handles):
-                self._step()
+            with self.scheduler.engine_mode():
+                while not all(h.done() for h in handles):
+                    self._step()
         return [h.result() for h in handles]
 
     # --------------------------------------------------------------------------------- batch level
