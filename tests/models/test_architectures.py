@@ -65,31 +65,35 @@ def test_generation_stops_at_the_end_of_turn_token(tmp_path, corpus):
 
 
 @pytest.mark.parametrize("name", list(FAMILIES))
-def test_the_engines_fast_forward_gives_the_models_own_floats(tmp_path, corpus, name):
+def test_the_engines_fast_forward_gives_the_models_own_floats(tmp_path, corpus, name, monkeypatch):
     """The engine's Llama-family forward (`rollout.decoder`) against the model's own: bitwise the same tokens
     and log-probs - prefill in chunks, a group's copies, decode, a next turn over a kept cache - in fp32 and
-    in bf16. Other architectures run their own forward."""
+    from the engine's packed bf16 copy (q, k and v as one matmul there). Other architectures run their own
+    forward."""
+    from tempering.rollout.decoder import LlamaDecoder
+
     path = build(name, tmp_path / name, corpus)
     tokenizer = load_tokenizer(path)
     fmt = chat_format(tokenizer)
     prompts = [fmt.start(text)[0] for text in ("Write add.", "Return the first element of a list, please.")]
+    contexts = [prompts[0]] * 3 + [prompts[1]]
+    family = name in ("llama", "mistral", "qwen2", "qwen3")
     for dtype in (torch.float32, torch.bfloat16):
         runs = []
         for fast in (True, False):
-            model = load_model(path).to(dtype)
-            engine = LocalEngine(model, tokenizer, SamplingParams(max_new_tokens=10))
-            scheduler = engine.scheduler
-            assert (scheduler.fast is not None) == (name in ("llama", "mistral", "qwen2", "qwen3"))
             if not fast:
-                scheduler.fast = None
-            scheduler.prefill_chunk = 5
-            first = engine.generate([prompts[0]] * 3 + [prompts[1]], generator=torch.Generator().manual_seed(1),
-                                    keep=True)
-            turn = [p + ids.tolist() + prompts[1][:4] for p, ids in zip([prompts[0]] * 3 + [prompts[1]],
-                                                                       first.response_ids)]
+                monkeypatch.setattr(LlamaDecoder, "of", classmethod(lambda cls, model, attention: None))
+            engine = LocalEngine(load_model(path), tokenizer, SamplingParams(max_new_tokens=10), dtype=dtype)
+            engine.scheduler.prefill_chunk = 5
+            first = engine.generate(contexts, generator=torch.Generator().manual_seed(1), keep=True)
+            assert (engine.scheduler.fast is not None) == (fast and family)
+            fused = dtype == torch.bfloat16 and name in ("llama", "mistral", "qwen2")
+            assert fused == any(hasattr(m, "qkv_proj") for m in engine.scheduler.model.modules())
+            turn = [p + ids.tolist() + prompts[1][:4] for p, ids in zip(contexts, first.response_ids)]
             second = engine.generate(turn, generator=torch.Generator().manual_seed(2))
             assert all(second.reused)  # the next turn went through the kept caches
             runs.append([(g.response_ids, g.logprobs, g.response_mask) for g in (first, second)])
+            monkeypatch.undo()
         for (ids, logprobs, mask), (ids0, logprobs0, mask0) in zip(*runs):
             assert torch.equal(ids, ids0) and torch.equal(mask, mask0)
             assert torch.equal(logprobs, logprobs0)

@@ -22,7 +22,10 @@ class LlamaDecoder:
         decoder = model.get_decoder()
         self.embed, self.rotary, self.norm = decoder.embed_tokens, decoder.rotary_emb, decoder.norm
         self.layers = list(decoder.layers[: model.config.num_hidden_layers])
+        config = model.config
         self.head_dim = self.layers[0].self_attn.head_dim
+        self.queries = config.num_attention_heads
+        self.heads = self.queries + (config.num_key_value_heads or config.num_attention_heads)  # query + key heads
         self.attention = attention
 
     @classmethod
@@ -47,11 +50,17 @@ class LlamaDecoder:
         for index, layer in enumerate(self.layers):
             attn, mlp = layer.self_attn, layer.mlp
             x = layer.input_layernorm(hidden)
-            q, k = attn.q_proj(x).view(shape), attn.k_proj(x).view(shape)
-            if hasattr(attn, "q_norm"):                                   # Qwen3: per-head norms before rotary
-                q, k = attn.q_norm(q), attn.k_norm(k)
-            q, k = _rotate(q.transpose(1, 2), cos, sin), _rotate(k.transpose(1, 2), cos, sin)
-            v = attn.v_proj(x).view(shape).transpose(1, 2)
+            if hasattr(attn, "qkv_proj") and not hasattr(attn, "q_norm"):  # one matmul; q and k rotated together
+                qkv = attn.qkv_proj(x).view(shape)                            # (B, T, Hq + 2 Hkv, D)
+                rotated = _rotate(qkv[:, :, : self.heads].transpose(1, 2), cos, sin)
+                q, k = rotated[:, : self.queries], rotated[:, self.queries:]
+                v = qkv[:, :, self.heads:].transpose(1, 2)
+            else:
+                q, k = attn.q_proj(x).view(shape), attn.k_proj(x).view(shape)
+                if hasattr(attn, "q_norm"):                                   # Qwen3: per-head norms before rotary
+                    q, k = attn.q_norm(q), attn.k_norm(k)
+                q, k = _rotate(q.transpose(1, 2), cos, sin), _rotate(k.transpose(1, 2), cos, sin)
+                v = attn.v_proj(x).view(shape).transpose(1, 2)
             k, v = cache.update(k, v, index)
             out, _ = self.attention(attn, q, k, v, mask, attn.scaling)
             hidden = hidden + attn.o_proj(out.reshape(b, t, -1).contiguous())

@@ -32,16 +32,15 @@ class SlotCache:
         self.k: list[Tensor] = []
         self.v: list[Tensor] = []
         self.lo, self.hi, self.width = 0, 0, 0
-        self.write: Tensor | None = None  # (B, T) positions the batch's new tokens are written at
-        self._rows: Tensor | None = None  # (B, T) their slots
+        self._at: Tensor | None = None  # (B * H * T,) where the batch's new keys go, as rows of a buffer's (-1, D) view
 
     def set_batch(self, lo: int, hi: int, write: Tensor, width: int) -> None:
         """The next forward covers slots [lo, hi); its tokens go to positions `write` (B, T); attention reads
         positions [0, width)."""
         self.ensure(hi, max(width, int(write.max()) + 1))
         self.lo, self.hi, self.width = lo, hi, width
-        self.write = write
-        self._rows = torch.arange(lo, hi, device=write.device)[:, None].expand_as(write)
+        self._write = write
+        self._at = None  # known at the first layer (the number of key/value heads)
 
     def update(self, key: Tensor, value: Tensor, layer_idx: int, *args, **kwargs) -> tuple[Tensor, Tensor]:
         """transformers' cache interface: store a layer's new keys and values (B, H, T, D); return the keys
@@ -52,8 +51,13 @@ class SlotCache:
             self.k.append(torch.zeros(shape, dtype=key.dtype, device=key.device))
             self.v.append(torch.zeros(shape, dtype=value.dtype, device=value.device))
         k, v = self.k[layer_idx], self.v[layer_idx]
-        k[self._rows, :, self.write] = key.transpose(1, 2)          # (B, T, H, D) into (slot, :, position)
-        v[self._rows, :, self.write] = value.transpose(1, 2)
+        b, h, t, d = key.shape
+        if self._at is None:  # (slot, head, position) -> row of the (slots * H * length, D) view; every layer's
+            slots = torch.arange(self.lo, self.hi, device=key.device)[:, None, None] * h  # buffers share a shape
+            heads = torch.arange(h, device=key.device)[None, :, None]
+            self._at = ((slots + heads) * self.length + self._write[:, None, :]).reshape(-1)
+        k.view(-1, d).index_copy_(0, self._at, key.reshape(-1, d))  # in place, one kernel per tensor
+        v.view(-1, d).index_copy_(0, self._at, value.reshape(-1, d))
         return k[self.lo: self.hi, :, : self.width], v[self.lo: self.hi, :, : self.width]
 
     def ensure(self, slots: int, length: int) -> None:

@@ -49,9 +49,10 @@ def sample(logits: Tensor, temperature: Tensor, top_p: Tensor, uniforms: Tensor,
     """logits (B, V), temperature (B,) (0 = greedy), top_p (B,), uniforms (B,) -> one token per row."""
     logits = logits.float()
     greedy = temperature <= 0
-    z = logits / torch.where(greedy, 1.0, temperature)[:, None]                                # (B, V)
+    scaled = not bool(((temperature == 1.0) | greedy).all())  # dividing by 1 changes nothing: a pass saved
+    z = logits / torch.where(greedy, 1.0, temperature)[:, None] if scaled else logits           # (B, V)
     top = z.max(-1, keepdim=True).values
-    weights = (z - top).exp()                                                                   # unnormalised
+    weights = torch.sub(z, top).exp_()                                                          # unnormalised
     total = weights.sum(-1, keepdim=True)
     if bool((top_p < 1.0).any()):
         weights, order = weights.sort(dim=-1, descending=True)
