@@ -2,7 +2,7 @@
 layers' operations, in the same order on the same tensors - bitwise the same hidden states (tested) - without
 the per-layer Python around them (keyword plumbing, decorators, the mask builder, the attention registry).
 At SmolLM2's 30 layers that Python is a tenth of a 32-row decode step: measured 1.07x the step, fp32 and
-bf16 alike. The modules themselves (projections, norms, activation, rotary embedding) are called as they are,
+bf16 alike. In the engine's packed bf16 copy, q, k and v are one matmul (`engine.fuse_qkv`). The modules themselves (projections, norms, activation, rotary embedding) are called as they are,
 so LoRA layers, pre-packed bf16 projections and biases behave as in the model's own forward. Any other
 architecture runs the model's own forward (`LlamaDecoder.of` returns None).
 """
@@ -50,7 +50,7 @@ class LlamaDecoder:
         for index, layer in enumerate(self.layers):
             attn, mlp = layer.self_attn, layer.mlp
             x = layer.input_layernorm(hidden)
-            if hasattr(attn, "qkv_proj") and not hasattr(attn, "q_norm"):  # one matmul; q and k rotated together
+            if hasattr(attn, "qkv_proj"):  # the packed bf16 copy (`engine.fuse_qkv`): one matmul, q and k rotated together
                 qkv = attn.qkv_proj(x).view(shape)                            # (B, T, Hq + 2 Hkv, D)
                 rotated = _rotate(qkv[:, :, : self.heads].transpose(1, 2), cos, sin)
                 q, k = rotated[:, : self.queries], rotated[:, self.queries:]
