@@ -219,8 +219,9 @@ def fuse_qkv(attention: torch.nn.Module) -> None:
     engine's forward (`rollout.decoder`; not where q and k have norms of their own, Qwen3); the three stay for
     the model's own forward."""
     projections = [getattr(attention, name, None) for name in ("q_proj", "k_proj", "v_proj")]
-    if hasattr(attention, "q_norm") or not all(type(p) is torch.nn.Linear and p.weight.dtype == torch.bfloat16 and p.weight.device.type == "cpu"
-               for p in projections) or len({p.bias is None for p in projections}) > 1:
+    plain = all(type(p) is torch.nn.Linear and p.weight.dtype == torch.bfloat16 and p.weight.device.type == "cpu"
+                for p in projections)
+    if hasattr(attention, "q_norm") or not plain or len({p.bias is None for p in projections}) > 1:
         return
     fused = torch.nn.Linear(projections[0].in_features, sum(p.out_features for p in projections),
                             bias=projections[0].bias is not None, dtype=torch.bfloat16)

@@ -11,9 +11,9 @@ the active ones; the engine tracks where.
 The model reads and writes the buffers through `update`, the one method of transformers' cache interface
 its attention layers call (duck-typed: every architecture the project tests - Llama, Mistral, Qwen2,
 Qwen3, Gemma, GPT-2 - runs its own forward over this cache, with a prepared 4-D mask and per-row
-positions, and gives the logits of the plain full-sequence pass). Before each forward the engine says
-which slots the batch covers (`rows`), where each new token goes (`write`) and how many positions
-attention reads (`width`).
+positions, and gives the logits of the plain full-sequence pass; the engine's own Llama-family forward,
+`decoder.py`, calls it the same way). Before each forward the engine says (`set_batch`) which slots the
+batch covers, where each new token goes and how many positions attention reads.
 
 Memory is what the sequences need: the buffers start small and grow (doubling, one copy) when a batch
 needs more slots or positions.
@@ -32,7 +32,8 @@ class SlotCache:
         self.k: list[Tensor] = []
         self.v: list[Tensor] = []
         self.lo, self.hi, self.width = 0, 0, 0
-        self._at: Tensor | None = None  # (B * H * T,) where the batch's new keys go, as rows of a buffer's (-1, D) view
+        self._write: Tensor | None = None  # (B, T) positions the batch's new tokens are written at
+        self._at: Tensor | None = None     # the same places as rows of a buffer's (-1, D) view, (B * H * T,)
 
     def set_batch(self, lo: int, hi: int, write: Tensor, width: int) -> None:
         """The next forward covers slots [lo, hi); its tokens go to positions `write` (B, T); attention reads
@@ -51,7 +52,7 @@ class SlotCache:
             self.k.append(torch.zeros(shape, dtype=key.dtype, device=key.device))
             self.v.append(torch.zeros(shape, dtype=value.dtype, device=value.device))
         k, v = self.k[layer_idx], self.v[layer_idx]
-        b, h, t, d = key.shape
+        _, h, _, d = key.shape
         if self._at is None:  # (slot, head, position) -> row of the (slots * H * length, D) view; every layer's
             slots = torch.arange(self.lo, self.hi, device=key.device)[:, None, None] * h  # buffers share a shape
             heads = torch.arange(h, device=key.device)[None, :, None]

@@ -22,8 +22,8 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Callable
-from contextlib import contextmanager
 from concurrent.futures import Future
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -162,7 +162,7 @@ class Scheduler:
             base.config
         # transformers renamed the decoder's cache argument (past_key_values -> cache, 5.2x): use the model's own
         self._cache_arg = "cache" if "cache" in inspect.signature(self.decoder.forward).parameters else "past_key_values"
-        self.fast = LlamaDecoder.of(base, slot_attention)  # the same floats with less Python; None: the model's own
+        self.fast = LlamaDecoder.of(base, slot_attention)  # the same floats, less Python; None: the model's own
 
     # ------------------------------------------------------------------------------------ requests
 
