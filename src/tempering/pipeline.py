@@ -10,6 +10,7 @@ config that differs from the one the run directory was made with) is checked bef
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import os
@@ -283,6 +284,7 @@ def train(cfg: RunConfig, console: Console | None = None, allow_config_change: b
                f"greedy {before['greedy']['overall']['pass@1']:.1%}")
         benchmarks = {name: [benchmark_eval(ws, name, start, sandbox, "before")] for name in cfg.eval.benchmarks}
         final, last_step = rl_stage(ws, start, sandbox)
+        gc.collect()  # the trainer's models and engine (reference cycles) go before the final model is loaded
         after = heldout_eval(ws, final, sandbox, "eval_after", step=last_step)
         for name, pair in benchmarks.items():
             pair.append(benchmark_eval(ws, name, final, sandbox, "after", step=last_step))
