@@ -41,7 +41,7 @@ def make_batch(model, tokenizer, tasks, rewards):
 def test_update_raises_the_likelihood_of_rewarded_samples(tiny, tasks):
     model, tokenizer = tiny
     batch = make_batch(model, tokenizer, tasks[0][:2], [1.0, 0.0, 0.0, 1.0])
-    opt = make_optimizer(model, lr=1e-2)
+    opt = make_optimizer(model, lr=1e-3)  # (each minibatch is one group: at 1e-2 one group's step can undo the other's)
 
     def seq_logp():
         with torch.no_grad():
@@ -119,24 +119,28 @@ def plain_logprobs(model, batch, temperature=1.0):
     return torch.stack([r[0] for r in rows]), torch.stack([r[1] for r in rows])
 
 
-def test_the_packed_forward_has_the_values_and_gradients_of_the_plain_per_row_pass(tiny, tasks):
+def test_the_packed_forward_has_the_values_and_gradients_of_the_plain_per_row_pass(tiny, tasks, monkeypatch):
     """Rows sharing a prompt run as one packed sequence, logits in checkpointed chunks: the same log-probs,
-    entropies and gradients as each row alone (several groups, responses of different lengths)."""
+    entropies and gradients as each row alone (several groups, responses of different lengths) - with the
+    groups in one forward or in one forward each."""
     from tempering.models import forward
 
     model, tokenizer = tiny
     batch = make_batch(model, tokenizer, tasks[0][:3], [1.0, 0.0, 0.0, 1.0, 0.5, 0.0])
     for i, n in enumerate([6, 3, 5, 2, 6, 4]):  # responses of different lengths
         batch.response_mask[i, n:] = 0.0
-    grads, values = [], []
-    for pack in (None, 4096, 10):  # the reference; groups packed; groups too long to pack (rows alone)
+    grads, values, forwards = [], [], []
+    packed = forward._packed
+    monkeypatch.setattr(forward, "_packed", lambda *args: forwards.append(len(args[3])) or packed(*args))
+    # the reference; groups packed in one forward; one forward each; groups too long to pack (rows alone)
+    for pack, slack in ((None, None), (4096, 10.0), (4096, 0.0), (10, 0.1)):
         model.zero_grad(set_to_none=True)
         if pack:
-            saved = forward.CHUNK, forward.PACK
-            forward.CHUNK, forward.PACK = 5, pack  # several chunks, each recomputed in the backward pass
+            monkeypatch.setattr(forward, "CHUNK", 5)  # several chunks, each recomputed in the backward pass
+            monkeypatch.setattr(forward, "PACK", pack)
+            monkeypatch.setattr(forward, "SLACK", slack)
             lp, ent = response_logprobs(model, batch.prompt_ids, batch.prompt_mask, batch.response_ids,
                                         batch.response_mask, with_entropy=True)
-            forward.CHUNK, forward.PACK = saved
         else:
             lp, ent = plain_logprobs(model, batch)
         mask = batch.response_mask
@@ -144,7 +148,8 @@ def test_the_packed_forward_has_the_values_and_gradients_of_the_plain_per_row_pa
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
         values.append((lp.detach() * mask, ent.detach() * mask))
     assert grads[0].abs().max() > 0
-    for k in (1, 2):
+    assert forwards == [3, 1, 1, 1]  # the groups differ in length
+    for k in (1, 2, 3):
         torch.testing.assert_close(values[k], values[0], atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(grads[k], grads[0], atol=1e-5, rtol=1e-4)
 

@@ -101,8 +101,9 @@ def response_hidden_states(decoder, prompt_ids: Tensor, prompt_mask: Tensor, res
     """Last hidden state of a decoder (`get_decoder()`, or a critic's `AutoModel` backbone) at the R
     positions that predict the response tokens - the state before each token, which the output head or a
     value head reads. Rows that share a prompt run as one packed sequence while it stays within `PACK`
-    tokens (its block mask is quadratic in length); a longer group's rows run one by one, plainly causal
-    (attention memory linear in length). (B, R, H)"""
+    tokens (its block mask is quadratic in length), packed sequences of similar lengths in one forward
+    (`_similar_lengths`); a longer group's rows run one by one, plainly causal (attention memory linear in
+    length). (B, R, H)"""
     prompt_ids, prompt_mask, response_ids, response_attention = on_device(
         decoder, prompt_ids, prompt_mask, response_ids, response_attention)
     b, r = response_ids.shape
@@ -115,10 +116,11 @@ def response_hidden_states(decoder, prompt_ids: Tensor, prompt_mask: Tensor, res
         p = p_lens[int(first[g])]
         (packed.append((p, rows)) if p + sum(r_lens[i] for i in rows) <= PACK else alone.extend(rows))
     out = None
-    for rows, hidden, where in _packed(decoder, prompt_ids, response_ids, packed, r_lens) if packed else []:
-        out = hidden.new_zeros(b, r, hidden.shape[-1]) if out is None else out
-        for i, index in zip(rows, where):
-            out[i, : len(index)] = hidden[index]
+    for part in _similar_lengths(packed, r_lens):
+        for rows, hidden, where in _packed(decoder, prompt_ids, response_ids, part, r_lens):
+            out = hidden.new_zeros(b, r, hidden.shape[-1]) if out is None else out
+            for i, index in zip(rows, where):
+                out[i, : len(index)] = hidden[index]
     for i in alone:
         p, n = p_lens[i], r_lens[i]
         ids = torch.cat([prompt_ids[i, prompt_ids.shape[1] - p:], response_ids[i, :n]])[None]
@@ -130,6 +132,26 @@ def response_hidden_states(decoder, prompt_ids: Tensor, prompt_mask: Tensor, res
 
 PACK = 4096
 """Longest packed sequence (prompt + its group's responses), in tokens."""
+
+SLACK = 0.1
+"""Padding a forward over several packed groups may add, as a fraction of their tokens."""
+
+
+def _similar_lengths(groups: list[tuple[int, list[int]]], r_lens: list[int]) -> list[list[tuple[int, list[int]]]]:
+    """The packed groups in forwards of similar lengths: longest first, a forward takes the next group while
+    padding every group to the forward's longest stays within `SLACK` of their tokens (one forward over groups
+    of 1,225 and 788 tokens would compute 437 padding tokens through every layer)."""
+    sizes = [p + sum(r_lens[i] for i in rows) for p, rows in groups]
+    parts, widths, tokens = [], [], []
+    for g in sorted(range(len(groups)), key=lambda g: -sizes[g]):
+        if parts and (len(parts[-1]) + 1) * widths[-1] <= (1 + SLACK) * (tokens[-1] + sizes[g]):
+            parts[-1].append(groups[g])
+            tokens[-1] += sizes[g]
+        else:
+            parts.append([groups[g]])
+            widths.append(sizes[g])
+            tokens.append(sizes[g])
+    return parts
 
 
 def _packed(decoder, prompt_ids: Tensor, response_ids: Tensor, groups: list[tuple[int, list[int]]],

@@ -47,6 +47,15 @@ class RolloutBatch:
     def __len__(self) -> int:
         return self.prompt_ids.shape[0]
 
+    def minibatches(self, n: int, generator: torch.Generator) -> tuple[Tensor, ...]:
+        """`n` minibatches of row indices over the groups in a random order, each group's rows together: a
+        minibatch holds whole groups (all of them when the groups divide evenly), so the trainer's forward,
+        which packs the rows that share a prompt, computes each prompt once per step - rows shuffled one by one
+        put a piece of every group in every minibatch, and each computed the prompt again."""
+        ids, group = torch.unique(self.group_ids, return_inverse=True)
+        rank = torch.randperm(len(ids), generator=generator)[group]                # (B,) its group's place
+        return torch.sort(rank, stable=True).indices.chunk(n)
+
     def select(self, index: Tensor) -> RolloutBatch:
         """Rows `index` of every tensor (a minibatch)."""
         picked = {f.name: getattr(self, f.name) for f in fields(self)}

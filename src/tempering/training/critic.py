@@ -66,7 +66,7 @@ def update_critic(critic: Critic, optimizer: torch.optim.Optimizer, batch, *, ge
     sums: dict[str, float] = {}
     n, tok = 0, 1.0
     for _ in range(epochs):
-        for index in torch.randperm(len(batch), generator=generator).chunk(minibatches):
+        for index in batch.minibatches(minibatches, generator):
             if dp is not None:
                 mine, counts = dp.part(index)
                 tok, _ = shares(batch.response_mask, index, mine, counts)  # the value loss is a token mean

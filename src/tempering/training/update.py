@@ -54,8 +54,7 @@ def update_policy(
     params = [p for p in model.parameters() if p.requires_grad]
     tok = seq = 1.0  # this rank's share of the minibatch's tokens and sequences (all of them, without `dp`)
     for _ in range(ppo_epochs):
-        order = torch.randperm(len(batch), generator=generator)
-        for index in order.chunk(minibatches):
+        for index in batch.minibatches(minibatches, generator):
             norm = norm_length
             if dp is not None:
                 if norm is None and loss_agg == "seq-mean-token-sum-norm":  # the whole minibatch's width
