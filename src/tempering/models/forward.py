@@ -110,13 +110,18 @@ def response_hidden_states(decoder, prompt_ids: Tensor, prompt_mask: Tensor, res
     first, inverse = distinct_rows(prompt_ids)
     p_lens = prompt_mask.sum(1).tolist()
     r_lens = response_attention.sum(1).long().tolist()
-    packed, alone = [], []
+    packed, sizes, alone = [], [], []
     for g in range(len(first)):
         rows = (inverse == g).nonzero().squeeze(1).tolist()
         p = p_lens[int(first[g])]
-        (packed.append((p, rows)) if p + sum(r_lens[i] for i in rows) <= PACK else alone.extend(rows))
+        size = p + sum(r_lens[i] for i in rows)  # the packed sequence's tokens
+        if size <= PACK:
+            packed.append((p, rows))
+            sizes.append(size)
+        else:
+            alone.extend(rows)
     out = None
-    for part in _similar_lengths(packed, r_lens):
+    for part in _similar_lengths(packed, sizes):
         for rows, hidden, where in _packed(decoder, prompt_ids, response_ids, part, r_lens):
             out = hidden.new_zeros(b, r, hidden.shape[-1]) if out is None else out
             for i, index in zip(rows, where):
@@ -137,11 +142,10 @@ SLACK = 0.1
 """Padding a forward over several packed groups may add, as a fraction of their tokens."""
 
 
-def _similar_lengths(groups: list[tuple[int, list[int]]], r_lens: list[int]) -> list[list[tuple[int, list[int]]]]:
-    """The packed groups in forwards of similar lengths: longest first, a forward takes the next group while
-    padding every group to the forward's longest stays within `SLACK` of their tokens (one forward over groups
-    of 1,225 and 788 tokens would compute 437 padding tokens through every layer)."""
-    sizes = [p + sum(r_lens[i] for i in rows) for p, rows in groups]
+def _similar_lengths(groups: list[tuple[int, list[int]]], sizes: list[int]) -> list[list[tuple[int, list[int]]]]:
+    """The packed groups (of `sizes` tokens) in forwards of similar lengths: longest first, a forward takes the
+    next group while padding every group to the forward's longest stays within `SLACK` of their tokens (one
+    forward over groups of 1,225 and 788 tokens would compute 437 padding tokens through every layer)."""
     parts, widths, tokens = [], [], []
     for g in sorted(range(len(groups)), key=lambda g: -sizes[g]):
         if parts and (len(parts[-1]) + 1) * widths[-1] <= (1 + SLACK) * (tokens[-1] + sizes[g]):
