@@ -69,17 +69,35 @@ def test_a_mixed_precision_update_keeps_fp32_weights_and_raises_the_rewarded_sam
             mixed, _ = response_logprobs(model, batch.prompt_ids, batch.prompt_mask, batch.response_ids,
                                          batch.response_mask)
     assert mixed.dtype == torch.float32 and 0 < float((mixed - fp32).abs().max()) < 0.1
-    opt = make_optimizer(model, lr=1e-2)
+    opt = make_optimizer(model, lr=1e-3)  # as the fp32 test's
     before = (fp32 * batch.response_mask).sum(1)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        update_policy(model, opt, batch, policy_loss=ppo_clip_loss, generator=torch.Generator().manual_seed(0),
-                      ppo_epochs=2, minibatches=2)
+    update_policy(model, opt, batch, policy_loss=ppo_clip_loss, generator=torch.Generator().manual_seed(0),
+                  ppo_epochs=2, minibatches=2, compute=torch.bfloat16)
     assert all(p.dtype == torch.float32 for p in model.parameters())
     with torch.no_grad():
         after, _ = response_logprobs(model, batch.prompt_ids, batch.prompt_mask, batch.response_ids,
                                      batch.response_mask)
     delta = (after * batch.response_mask).sum(1) - before
     assert delta[0] > delta[1] and delta[3] > delta[2]
+
+
+def test_each_mixed_precision_minibatch_runs_on_the_weights_of_the_step_before(tiny, tasks):
+    """Two minibatches in one update are the two minibatches one after the other: the second one's bf16
+    matmuls use the weights after the first step (autocast caches each trainable weight's cast for as long as
+    its region lasts: a region around both would run the second on the weights from before the first)."""
+    model, tokenizer = tiny
+    batch = make_batch(model, tokenizer, tasks[0][:2], [1.0, 0.0, 0.0, 1.0])
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    kwargs = {"policy_loss": ppo_clip_loss, "compute": torch.bfloat16}
+    update_policy(model, make_optimizer(model, lr=1e-2), batch, generator=torch.Generator().manual_seed(0),
+                  minibatches=2, **kwargs)
+    together = [p.detach().clone() for p in model.parameters()]
+    model.load_state_dict(start)
+    opt = make_optimizer(model, lr=1e-2)
+    for index in batch.minibatches(2, torch.Generator().manual_seed(0)):
+        update_policy(model, opt, batch.select(index), generator=torch.Generator().manual_seed(0), **kwargs)
+    assert all(torch.equal(a, b) for a, b in zip(together, model.parameters()))
+    assert not all(torch.equal(a, b) for a, b in zip(together, start.values()))
 
 
 def test_zero_advantage_batch_leaves_weights_unchanged(tiny, tasks):

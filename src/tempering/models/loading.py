@@ -55,6 +55,13 @@ def compute_dtype(name: str, device: str, key: str = "model.compute") -> torch.d
                       f"matmuls; without, ~20x slower); use {key}=float32 or auto")
 
 
+def mixed_precision(device: torch.device, dtype: torch.dtype):
+    """Autocast to `dtype` (off for float32) around one forward pass - never around an optimizer step:
+    autocast keeps the bf16 cast of each trainable weight until its outermost region ends, so a region
+    spanning several minibatches would run the later ones with the weights from before the first step."""
+    return torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
+
+
 @functools.cache
 def bf16_fast(device: str) -> bool:
     """Whether bf16 matmuls beat fp32 here: a CUDA device with bf16, or a CPU with AMX tiles (Linux flag

@@ -14,6 +14,7 @@ from torch import Tensor, nn
 
 from tempering.algos.losses import clipped_value_loss
 from tempering.models.forward import model_device, response_hidden_states
+from tempering.models.loading import mixed_precision
 from tempering.training.data_parallel import DataParallel, shares
 
 HEAD_FILE = "value_head.pt"
@@ -56,8 +57,10 @@ class Critic(nn.Module):
 
 def update_critic(critic: Critic, optimizer: torch.optim.Optimizer, batch, *, generator: torch.Generator,
                   epochs: int = 1, minibatches: int = 1, clip_range: float = 0.2,
-                  max_grad_norm: float = 1.0, dp: DataParallel | None = None) -> dict[str, float]:
+                  max_grad_norm: float = 1.0, compute: torch.dtype = torch.float32,
+                  dp: DataParallel | None = None) -> dict[str, float]:
     """Regress V on the GAE returns: `epochs` x `minibatches` optimizer steps. -> mean metrics.
+    `compute`: bfloat16 runs each minibatch's forward under autocast (`mixed_precision`).
     `dp`: this is one of M data-parallel ranks; it runs its part of each minibatch (`data_parallel`)."""
     assert batch.returns is not None and batch.values is not None
     critic.train()
@@ -72,8 +75,9 @@ def update_critic(critic: Critic, optimizer: torch.optim.Optimizer, batch, *, ge
                 tok, _ = shares(batch.response_mask, index, mine, counts)  # the value loss is a token mean
                 index = mine
             mb = batch.select(index).trim().to(device)
-            values = critic.values(mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask,
-                                   mb.response_attention)
+            with mixed_precision(device, compute):
+                values = critic.values(mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask,
+                                       mb.response_attention)
             loss, metrics = clipped_value_loss(values, mb.values, mb.returns, mb.response_mask, clip_range=clip_range)
             loss = loss * tok
             optimizer.zero_grad(set_to_none=True)

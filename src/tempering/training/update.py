@@ -10,7 +10,7 @@ import torch
 from tempering.algos import KL_ESTIMATORS, LossInputs, masked_mean
 from tempering.algos.losses import PolicyLoss
 from tempering.models.forward import model_device, response_logprobs
-from tempering.models.loading import compute_dtype
+from tempering.models.loading import compute_dtype, mixed_precision
 from tempering.rollout.batch import RolloutBatch
 from tempering.seeding import step_generator
 from tempering.training.critic import update_critic
@@ -38,11 +38,13 @@ def update_policy(
     max_grad_norm: float = 1.0,
     temperature: float = 1.0,
     gradient_checkpointing: bool = False,
+    compute: torch.dtype = torch.float32,
     dp: DataParallel | None = None,
 ) -> dict[str, float]:
     """Run `ppo_epochs` x `minibatches` optimizer steps; returns the mean of each metric over them.
     `gradient_checkpointing` recomputes activations in the backward pass, for this update only (sampling
     keeps its KV cache). Rows that share a prompt are one packed sequence either way (`models.forward`).
+    `compute`: bfloat16 runs each minibatch's forward under autocast (`mixed_precision`).
     `dp`: this is one of M data-parallel ranks; it runs its part of each minibatch (`data_parallel`)."""
     assert batch.advantages is not None, "compute advantages before the update"
     if gradient_checkpointing:
@@ -64,10 +66,11 @@ def update_policy(
                 index = mine
             mb = batch.select(index).trim().to(device)
             mask = mb.response_mask
-            logprobs, entropy = response_logprobs(
-                model, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.attention,
-                temperature=temperature, with_entropy=True,
-            )
+            with mixed_precision(device, compute):
+                logprobs, entropy = response_logprobs(
+                    model, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.attention,
+                    temperature=temperature, with_entropy=True,
+                )
             pg_loss, pg_metrics = policy_loss(
                 LossInputs(logprobs, mb.old_logprobs, mb.advantages, mask, mb.is_weights),
                 clip_ratio=clip_ratio, clip_ratio_low=clip_ratio_low,
@@ -106,14 +109,15 @@ def update_models(cfg, models, batch: RolloutBatch, step: int, *, policy_loss: P
     `policy`, `optimizer`, `critic`, `critic_optimizer` (a `TrainState`, or a data-parallel replica); the
     learning-rate schedule is the caller's."""
     algo = cfg.algo
+    compute = compute_dtype(cfg.model.compute, cfg.run.device)
     metrics: dict[str, float] = {}
     if models.critic is not None:
-        with timer("critic"), autocast(cfg):
+        with timer("critic"):
             metrics |= update_critic(models.critic, models.critic_optimizer, batch,
                                      generator=step_generator(cfg.run.seed, step, 3), epochs=algo.critic.epochs,
                                      minibatches=algo.minibatches, clip_range=algo.critic.value_clip,
-                                     max_grad_norm=algo.max_grad_norm, dp=dp)
-    with timer("update"), autocast(cfg):
+                                     max_grad_norm=algo.max_grad_norm, compute=compute, dp=dp)
+    with timer("update"):
         train_batch = batch.informative() if algo.skip_zero_advantage else batch
         if models.critic is None or step > algo.critic.warmup_steps:
             metrics |= update_policy(
@@ -123,16 +127,16 @@ def update_models(cfg, models, batch: RolloutBatch, step: int, *, policy_loss: P
                 clip_ratio_high=algo.clip_ratio_high, clip_ratio_c=algo.clip_ratio_c, loss_agg=algo.loss_agg,
                 norm_length=cfg.rollout.max_new_tokens * cfg.env.max_turns, kl_coef=kl_coef,
                 kl_estimator=algo.kl_estimator, entropy_coef=algo.entropy_coef, max_grad_norm=algo.max_grad_norm,
-                temperature=cfg.rollout.temperature, gradient_checkpointing=cfg.model.gradient_checkpointing, dp=dp)
+                temperature=cfg.rollout.temperature, gradient_checkpointing=cfg.model.gradient_checkpointing,
+                compute=compute, dp=dp)
     metrics["actor/trained_fraction"] = len(train_batch) / len(batch)
     return metrics
 
 
 def autocast(cfg):
-    """Mixed precision for the update (`model.compute: bfloat16`): matmuls in bf16, parameters, optimizer
-    state and the log-softmax in fp32."""
-    dtype = compute_dtype(cfg.model.compute, cfg.run.device)
-    return torch.autocast(cfg.run.device.split(":")[0], dtype=dtype, enabled=dtype != torch.float32)
+    """Mixed precision for a forward pass of the policy (`model.compute: bfloat16`): matmuls in bf16,
+    parameters, optimizer state and the log-softmax in fp32."""
+    return mixed_precision(torch.device(cfg.run.device), compute_dtype(cfg.model.compute, cfg.run.device))
 
 
 def without_dropout(model: torch.nn.Module) -> None:
