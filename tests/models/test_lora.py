@@ -167,3 +167,32 @@ def test_a_lora_run_continues_a_lora_run_then_resumes_exports_and_serves(lora_ru
         assert reply.usage.completion_tokens >= 1
     finally:
         stop(proc)
+
+
+def test_adapters_take_their_input_as_it_comes_only_where_it_is_their_own_dtype(tiny_model_dir):
+    """Adapters in their base's dtype skip peft's cast of their input (under bf16 autocast a bf16 activation
+    went to fp32 and straight back): the same outputs bitwise. Adapters of another dtype than their base
+    (a bf16 base, fp32 adapters) keep the cast, without which their matmul would mix dtypes."""
+    from tempering.models.lora import add_adapters
+
+    ids = torch.randint(0, 50, (2, 9))
+    model = add_adapters(load_model(tiny_model_dir), tiny_model_dir, r=4, alpha=8, dropout=0.0,
+                         target_modules="all-linear")
+    layers = [m for m in model.modules() if hasattr(m, "cast_input_dtype_enabled")]
+    assert layers and not any(m.cast_input_dtype_enabled for m in layers)
+    for m in model.modules():  # B = 0 at the start: make the adapters count
+        if hasattr(m, "lora_B"):
+            torch.nn.init.normal_(m.lora_B["default"].weight)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        as_they_come = model(ids).logits
+        for m in layers:
+            m.cast_input_dtype_enabled = True
+        cast = model(ids).logits
+    assert torch.equal(as_they_come, cast)
+
+    bf16 = add_adapters(load_model(tiny_model_dir, dtype="bfloat16"), tiny_model_dir, r=4, alpha=8, dropout=0.0,
+                        target_modules="all-linear")
+    assert {p.dtype for n, p in bf16.named_parameters() if "lora_" in n} == {torch.float32}
+    assert all(m.cast_input_dtype_enabled for m in bf16.modules() if hasattr(m, "cast_input_dtype_enabled"))
+    with torch.no_grad():
+        assert torch.isfinite(bf16(ids).logits).all()

@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from tempering.algos import AdvantageInputs, grpo, ppo_clip_loss
@@ -138,7 +139,7 @@ def plain_logprobs(model, batch, temperature=1.0):
 
 
 def test_the_packed_forward_has_the_values_and_gradients_of_the_plain_per_row_pass(tiny, tasks, monkeypatch):
-    """Rows sharing a prompt run as one packed sequence, logits in checkpointed chunks: the same log-probs,
+    """Rows sharing a prompt run as one packed sequence, logits in chunks recomputed in the backward pass: the same log-probs,
     entropies and gradients as each row alone (several groups, responses of different lengths) - with the
     groups in one forward or in one forward each."""
     from tempering.models import forward
@@ -170,6 +171,46 @@ def test_the_packed_forward_has_the_values_and_gradients_of_the_plain_per_row_pa
     for k in (1, 2, 3):
         torch.testing.assert_close(values[k], values[0], atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(grads[k], grads[0], atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("cap", [None, 3.0])
+def test_the_heads_log_softmax_node_has_the_gradients_of_the_plain_operations(cap):
+    """`HeadLogprobs` (the output head, log-softmax and entropy, gradients written out) against autograd
+    through the plain operations: log-probs and entropies, and the gradients of the hidden states, the head's
+    weight and its bias under a loss on both - with a temperature and with soft-capped logits, in chunks."""
+    from tempering.models.forward import HeadLogprobs, _chunk_logprobs
+
+    torch.manual_seed(0)
+    head, hidden = torch.nn.Linear(16, 50), torch.randn(70, 16, requires_grad=True)
+    targets, weights = torch.randint(0, 50, (70,)), torch.randn(2, 70)
+    grads, values = [], []
+    for fused in (False, True):
+        head.zero_grad()
+        hidden.grad = None
+        if fused:
+            lp, ent = HeadLogprobs.apply(hidden, head.weight, head.bias, targets, 0.7, cap, None, True)
+        else:
+            lp, ent = _chunk_logprobs(head, hidden, targets, 0.7, cap)
+        (lp * weights[0] + ent * weights[1]).sum().backward()
+        values.append((lp.detach(), ent.detach()))
+        grads.append([hidden.grad, head.weight.grad, head.bias.grad])
+    assert torch.equal(values[1][0], values[0][0])  # the same operations in the same order
+    torch.testing.assert_close(values[1][1], values[0][1], atol=1e-5, rtol=1e-5)
+    for fused, plain in zip(grads[1], grads[0]):
+        torch.testing.assert_close(fused, plain, atol=1e-5, rtol=1e-4)
+
+
+def test_in_bf16_the_heads_log_probs_are_those_of_the_autocast_head():
+    """Under bf16 autocast the node's matmul runs in bf16 as the head's own would: bitwise the same log-probs."""
+    from tempering.models.forward import HeadLogprobs, _chunk_logprobs
+
+    torch.manual_seed(0)
+    head, hidden, targets = torch.nn.Linear(16, 50, bias=False), torch.randn(70, 16), torch.randint(0, 50, (70,))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        plain, _ = _chunk_logprobs(head, hidden, targets, 1.0, None)
+        fused, _ = HeadLogprobs.apply(hidden, head.weight, None, targets, 1.0, None, torch.bfloat16, False)
+        fp32, _ = HeadLogprobs.apply(hidden, head.weight, None, targets, 1.0, None, None, False)
+    assert torch.equal(fused, plain) and not torch.equal(fp32, plain)
 
 
 def test_with_dropout_in_the_model_the_ratio_is_one_before_the_first_step(tiny_model_dir, tasks):

@@ -45,13 +45,26 @@ def add_adapters(model: torch.nn.Module, base_dir: Path, *, r: int, alpha: float
     except ValueError as e:  # e.g. target modules that the architecture does not have
         raise ModelLoadError(f"model.lora: {e}") from None
     peft_model.peft_config["default"].base_model_name_or_path = str(Path(base_dir).resolve())
-    return peft_model
+    return inputs_as_they_come(peft_model)
 
 
 def load_adapters(model: torch.nn.Module, adapter_dir: Path, *, trainable: bool) -> torch.nn.Module:
     from peft import PeftModel
 
-    return PeftModel.from_pretrained(model, adapter_dir, is_trainable=trainable)
+    return inputs_as_they_come(PeftModel.from_pretrained(model, adapter_dir, is_trainable=trainable))
+
+
+def inputs_as_they_come(model: torch.nn.Module) -> torch.nn.Module:
+    """Adapters in their base layer's dtype take their input in the dtype it comes in. peft casts it to the
+    adapter's dtype: under bf16 autocast a bf16 activation went to fp32 for the adapter, and autocast cast it
+    straight back (two copies of every adapter's input, a sixth of a SmolLM2 update; the same values)."""
+    for layer in model.modules():
+        base = getattr(layer, "base_layer", None)
+        adapters = getattr(layer, "lora_A", None)
+        if hasattr(layer, "cast_input_dtype_enabled") and base is not None and adapters and \
+                all(a.weight.dtype == base.weight.dtype for a in adapters.values()):
+            layer.cast_input_dtype_enabled = False
+    return model
 
 
 def is_peft(model: torch.nn.Module) -> bool:
