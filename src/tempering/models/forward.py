@@ -149,8 +149,12 @@ def _cast(x: Tensor | None, dtype: torch.dtype | None) -> Tensor | None:
 
 def _scaled_logits(hidden: Tensor, weight: Tensor, bias: Tensor | None, temperature: float,
                    cap: float | None) -> Tensor:
+    return _scaled(torch.nn.functional.linear(hidden, weight, bias), temperature, cap)
+
+
+def _scaled(logits: Tensor, temperature: float, cap: float | None) -> Tensor:
     """z = logits / T (soft-capped first where the model caps them), in fp32: (N, V)."""
-    logits = torch.nn.functional.linear(hidden, weight, bias).float()
+    logits = logits.float()
     if cap:
         logits = torch.tanh(logits / cap) * cap
     return logits / temperature
@@ -165,10 +169,7 @@ def _chunk(head, hidden: Tensor, targets: Tensor, temperature: float, cap: float
 def _chunk_logprobs(head, hidden: Tensor, targets: Tensor, temperature: float,
                     cap: float | None) -> tuple[Tensor, Tensor]:
     """hidden (N, H), targets (N,) -> (log-prob of each target (N,), entropy (N,))."""
-    logits = head(hidden).float()                                               # (N, V)
-    if cap:
-        logits = torch.tanh(logits / cap) * cap
-    logits = logits / temperature
+    logits = _scaled(head(hidden), temperature, cap)                            # (N, V)
     lse = torch.logsumexp(logits, dim=-1)                                       # (N,)
     logprobs = logits.gather(-1, targets[:, None]).squeeze(-1) - lse
     return logprobs, lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)     # H = logsumexp - E[logit]
