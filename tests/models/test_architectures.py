@@ -68,8 +68,8 @@ def test_generation_stops_at_the_end_of_turn_token(tmp_path, corpus):
 def test_the_engines_fast_forward_gives_the_models_own_floats(tmp_path, corpus, name, monkeypatch):
     """The engine's Llama-family forward (`rollout.decoder`) against the model's own: bitwise the same tokens
     and log-probs - prefill in chunks, a group's copies, decode, a next turn over a kept cache - in fp32 and
-    from the engine's packed bf16 copy (q, k and v as one matmul there). Other architectures run their own
-    forward."""
+    from the engine's packed bf16 copy (q, k and v as one matmul there, gate and up as another). Other
+    architectures run their own forward."""
     from tempering.rollout.decoder import LlamaDecoder
 
     path = build(name, tmp_path / name, corpus)
@@ -89,6 +89,8 @@ def test_the_engines_fast_forward_gives_the_models_own_floats(tmp_path, corpus, 
             assert (engine.scheduler.fast is not None) == (fast and family)
             fused = dtype == torch.bfloat16 and name in ("llama", "mistral", "qwen2")
             assert fused == any(hasattr(m, "qkv_proj") for m in engine.scheduler.model.modules())
+            assert (dtype == torch.bfloat16 and family) == any(hasattr(m, "gate_up_proj")
+                                                               for m in engine.scheduler.model.modules())
             turn = [p + ids.tolist() + prompts[1][:4] for p, ids in zip(contexts, first.response_ids)]
             second = engine.generate(turn, generator=torch.Generator().manual_seed(2))
             assert all(second.reused)  # the next turn went through the kept caches

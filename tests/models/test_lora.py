@@ -196,3 +196,39 @@ def test_adapters_take_their_input_as_it_comes_only_where_it_is_their_own_dtype(
     assert all(m.cast_input_dtype_enabled for m in bf16.modules() if hasattr(m, "cast_input_dtype_enabled"))
     with torch.no_grad():
         assert torch.isfinite(bf16(ids).logits).all()
+
+
+@pytest.mark.parametrize("dtype", [None, torch.bfloat16])
+def test_the_merged_copy_is_the_long_ways_bitwise_and_leaves_the_model_as_it_was(tiny_model_dir, dtype):
+    """The engine's sampling copy (`merged_copy`: adapters folded in, tensors cast, no full fp32 copy first)
+    against the long way, `merge(deepcopy(model)).to(dtype)`: the same tensors bitwise, tied weights still
+    tied, the same logits; the trained model keeps its adapters and weights. DoRA adapters (which it does not
+    fold itself) go the long way."""
+    import copy
+
+    from peft import LoraConfig, get_peft_model
+
+    from tempering.models.lora import add_adapters, merge, merged_copy
+
+    ids = torch.randint(0, 50, (2, 9))
+    for model in (add_adapters(load_model(tiny_model_dir), tiny_model_dir, r=4, alpha=8, dropout=0.0,
+                               target_modules="all-linear"),
+                  get_peft_model(load_model(tiny_model_dir), LoraConfig(r=4, target_modules="all-linear",
+                                                                        use_dora=True))):
+        for m in model.modules():  # B = 0 at the start: make the adapters count
+            if hasattr(m, "lora_B"):
+                torch.nn.init.normal_(m.lora_B["default"].weight)
+        before = {k: v.clone() for k, v in model.state_dict().items()}
+        quick = merged_copy(model, dtype)
+        long = merge(copy.deepcopy(model))
+        long = long.to(dtype) if dtype else long
+        assert type(quick) is type(long) and not any("lora" in k for k in quick.state_dict())
+        assert {k: (v.dtype, v.shape) for k, v in quick.state_dict().items()} == \
+            {k: (v.dtype, v.shape) for k, v in long.state_dict().items()}
+        assert all(torch.equal(v, long.state_dict()[k]) for k, v in quick.state_dict().items())
+        assert (quick.get_output_embeddings().weight is quick.get_input_embeddings().weight) == \
+            (long.get_output_embeddings().weight is long.get_input_embeddings().weight)
+        with torch.no_grad():
+            assert torch.equal(quick(ids).logits, long(ids).logits)
+        after = model.state_dict()
+        assert after.keys() == before.keys() and all(torch.equal(after[k], v) for k, v in before.items())

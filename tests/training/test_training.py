@@ -200,6 +200,30 @@ def test_the_heads_log_softmax_node_has_the_gradients_of_the_plain_operations(ca
         torch.testing.assert_close(fused, plain, atol=1e-5, rtol=1e-4)
 
 
+def test_the_heads_chunks_keep_their_logits_under_the_mmap_threshold_and_change_no_number(monkeypatch):
+    """A chunk's logits stay under `LOGITS` (SmolLM2's 49k vocabulary: 128 tokens a chunk; a 1k vocabulary
+    keeps `CHUNK`), and the chunk size changes nothing: log-probs bitwise, gradients to float tolerance."""
+    from tempering.models import forward
+    from tempering.models.forward import CHUNK, LOGITS, HeadLogprobs, chunk_tokens
+
+    assert chunk_tokens(49152) == 128 and chunk_tokens(1024) == CHUNK and chunk_tokens(151936) * 151936 < LOGITS
+    torch.manual_seed(0)
+    head, hidden = torch.nn.Linear(16, 50), torch.randn(70, 16, requires_grad=True)
+    targets, weights = torch.randint(0, 50, (70,)), torch.randn(2, 70)
+    runs = []
+    for logits in (LOGITS, 8 * 50 + 1):  # one chunk of 70 tokens; then chunks of 8 (the last one of 6)
+        monkeypatch.setattr(forward, "LOGITS", logits)
+        head.zero_grad()
+        hidden.grad = None
+        lp, ent = HeadLogprobs.apply(hidden, head.weight, head.bias, targets, 0.7, None, None, True)
+        (lp * weights[0] + ent * weights[1]).sum().backward()
+        runs.append((lp.detach(), ent.detach(), hidden.grad, head.weight.grad.clone(), head.bias.grad.clone()))
+    assert chunk_tokens(50) == 8
+    assert torch.equal(runs[1][0], runs[0][0])
+    for chunked, whole in zip(runs[1][1:], runs[0][1:]):
+        torch.testing.assert_close(chunked, whole, atol=1e-5, rtol=1e-4)
+
+
 def test_in_bf16_the_heads_log_probs_are_those_of_the_autocast_head():
     """Under bf16 autocast the node's matmul runs in bf16 as the head's own would: bitwise the same log-probs."""
     from tempering.models.forward import HeadLogprobs, _chunk_logprobs

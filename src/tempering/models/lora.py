@@ -76,6 +76,58 @@ def merge(model: torch.nn.Module) -> torch.nn.Module:
     return model.merge_and_unload() if is_peft(model) else model
 
 
+def merged_copy(model: torch.nn.Module, dtype: torch.dtype | None = None) -> torch.nn.Module:
+    """A copy of `model` as a plain transformers model - its adapters folded in, `W + s B A` computed in the
+    weights' own dtype as `merge` does - with every floating tensor in `dtype` (None: as they are): what
+    `merge(copy.deepcopy(model)).to(dtype)` gives, bitwise, allocating only the copy's own tensors (no
+    transient full-precision copy of the whole model). Adapters of another kind (DoRA, a LoRA bias, several
+    active, modules to save) take that longer way."""
+    import copy
+
+    memo: dict[int, object] = {}
+    base = model.get_base_model() if is_peft(model) else model
+    inside: set[int] = set()  # the tensors of the adapted layers: the copy has their folded weights instead
+    for layer in base.modules():
+        if hasattr(layer, "lora_A"):
+            memo[id(layer)] = _folded(layer, dtype)
+            inside |= {id(t) for t in [*layer.parameters(), *layer.buffers()]}
+        elif type(layer).__module__.startswith("peft"):
+            memo[id(layer)] = None
+    if any(folded is None for folded in memo.values()):
+        return merge(copy.deepcopy(model)).to(dtype) if dtype else merge(copy.deepcopy(model))
+    for tensor in [*base.parameters(), *base.buffers()]:
+        if id(tensor) not in inside:
+            memo[id(tensor)] = _cast_copy(tensor, dtype)
+    return copy.deepcopy(base, memo)
+
+
+def _folded(layer: torch.nn.Module, dtype: torch.dtype | None) -> torch.nn.Linear | None:
+    """A peft LoRA layer as a plain linear layer with its active adapter folded into the weight, in `dtype`;
+    None for what this does not fold (not a linear base, DoRA or another variant, a LoRA bias, not exactly one
+    adapter active, already merged)."""
+    base, active = getattr(layer, "base_layer", None), list(getattr(layer, "active_adapters", []))
+    if type(base) is not torch.nn.Linear or len(active) != 1 or getattr(layer, "merged", True) \
+            or getattr(layer, "lora_variant", {}).get(active[0]) or getattr(layer, "lora_bias", {}).get(active[0]) \
+            or active[0] not in layer.lora_A:
+        return None
+    folded = torch.nn.Linear(base.in_features, base.out_features, bias=base.bias is not None, device="meta")
+    with torch.no_grad():
+        folded.weight = _cast_copy(torch.nn.Parameter(base.weight + layer.get_delta_weight(active[0]),
+                                                      requires_grad=False), dtype)
+    if base.bias is not None:
+        folded.bias = _cast_copy(base.bias, dtype)
+    return folded
+
+
+def _cast_copy(tensor: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    """`tensor` copied, in `dtype` if it is floating (as `Module.to(dtype)` casts); a parameter stays one."""
+    data = tensor.detach()
+    data = data.to(dtype, copy=True) if dtype is not None and data.is_floating_point() else data.clone()
+    if isinstance(tensor, torch.nn.Parameter):
+        return torch.nn.Parameter(data, requires_grad=tensor.requires_grad)
+    return data
+
+
 def adapter_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The entries of `model.state_dict()` a checkpoint needs: the adapters only, for a peft model."""
     state = model.state_dict()
