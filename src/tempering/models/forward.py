@@ -26,10 +26,10 @@ CHUNK = 256
 """Most tokens whose logits exist at once (in the forward and, recomputed, in the backward pass)."""
 
 LOGITS = 1 << 23
-"""Fewer logits than this in a chunk: 32 MiB in fp32, under glibc's largest threshold for serving an allocation by a fresh
-`mmap` - so a chunk's buffers are reused from the heap instead of mapped and page-faulted in anew for every
-chunk. SmolLM2's 49k vocabulary: 128 tokens a chunk, not 256 (measured: forward and backward of 1,090
-tokens 0.80 -> 0.54 s)."""
+"""Fewer logits than this in a chunk: 32 MiB in fp32, under glibc's largest threshold for serving an
+allocation by a fresh `mmap` - so a chunk's buffers are reused from the heap instead of mapped and
+page-faulted in anew for every chunk. SmolLM2's 49k vocabulary: 128 tokens a chunk, not 256 (measured:
+forward and backward of 1,090 tokens 0.80 -> 0.54 s)."""
 
 
 def chunk_tokens(vocab: int) -> int:
@@ -86,7 +86,7 @@ def response_logprobs(model, prompt_ids: Tensor, prompt_mask: Tensor, response_i
         logprobs, entropy = HeadLogprobs.apply(flat, head.weight, head.bias, targets, temperature, cap, dtype,
                                              with_entropy)
     else:  # a head of its own kind (LoRA on the head): autograd through chunks, each recomputed in the backward
-        n = chunk_tokens(head.out_features if hasattr(head, "out_features") else CHUNK)
+        n = chunk_tokens(getattr(head, "out_features", 1))
         parts = [_chunk(head, flat[i: i + n], targets[i: i + n], temperature, cap) for i in range(0, b * r, n)]
         logprobs = torch.cat([p[0] for p in parts]) if parts else flat.new_zeros(0)
         entropy = torch.cat([p[1] for p in parts]) if parts else flat.new_zeros(0)

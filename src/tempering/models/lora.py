@@ -112,8 +112,8 @@ def _folded(layer: torch.nn.Module, dtype: torch.dtype | None) -> torch.nn.Linea
         return None
     folded = torch.nn.Linear(base.in_features, base.out_features, bias=base.bias is not None, device="meta")
     with torch.no_grad():
-        folded.weight = _cast_copy(torch.nn.Parameter(base.weight + layer.get_delta_weight(active[0]),
-                                                      requires_grad=False), dtype)
+        weight = base.weight + layer.get_delta_weight(active[0])  # a new tensor: cast, not copied again
+    folded.weight = torch.nn.Parameter(weight.to(dtype) if dtype else weight, requires_grad=False)
     if base.bias is not None:
         folded.bias = _cast_copy(base.bias, dtype)
     return folded

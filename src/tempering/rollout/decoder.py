@@ -4,8 +4,8 @@ the per-layer Python around them (keyword plumbing, decorators, the mask builder
 At SmolLM2's 30 layers that Python is a tenth of a 32-row decode step: measured 1.07x the step, fp32 and
 bf16 alike. In the engine's packed bf16 copy, q, k and v are one matmul, and so are the MLP's gate and up
 (`engine.fuse`). The modules themselves (projections, norms, activation, rotary embedding) are called as
-they are, so LoRA layers, pre-packed bf16 projections and biases behave as in the model's own forward. Any other architecture runs
-the model's own forward (`LlamaDecoder.of` returns None).
+they are, so LoRA layers, pre-packed bf16 projections and biases behave as in the model's own forward. Any
+other architecture runs the model's own forward (`LlamaDecoder.of` returns None).
 """
 
 from __future__ import annotations

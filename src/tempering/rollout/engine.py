@@ -212,7 +212,7 @@ def prepacked(model):
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if _packable(child) and id(child) not in fused:
-                setattr(parent, name, _PackedLinear(child))
+                setattr(parent, name, _PackedLinear(child.weight.detach(), child.bias))
     return model
 
 
@@ -224,13 +224,9 @@ def fuse(module: torch.nn.Module, names: tuple[str, ...], fused: str) -> set[int
     layers = [getattr(module, name, None) for name in names]
     if not all(_packable(layer) for layer in layers) or len({layer.bias is None for layer in layers}) > 1:
         return set()
-    stacked = torch.nn.Linear(layers[0].in_features, sum(layer.out_features for layer in layers),
-                              bias=layers[0].bias is not None, dtype=torch.bfloat16)
-    with torch.no_grad():
-        stacked.weight.copy_(torch.cat([layer.weight for layer in layers]))
-        if stacked.bias is not None:
-            stacked.bias.copy_(torch.cat([layer.bias for layer in layers]))
-    setattr(module, fused, _PackedLinear(stacked))
+    weight = torch.cat([layer.weight.detach() for layer in layers])
+    bias = None if layers[0].bias is None else torch.cat([layer.bias.detach() for layer in layers])
+    setattr(module, fused, _PackedLinear(weight, bias))
     return {id(layer) for layer in layers}
 
 
@@ -239,11 +235,11 @@ def _packable(layer) -> bool:
 
 
 class _PackedLinear(torch.nn.Module):
-    def __init__(self, linear: torch.nn.Linear, rows: int = 32):
+    def __init__(self, weight: Tensor, bias: Tensor | None, rows: int = 32):
         super().__init__()
-        self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.weight = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), rows)  # rows: a size hint
-        self.bias = None if linear.bias is None else linear.bias.detach()
+        self.out_features, self.in_features = weight.shape
+        self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, rows)  # rows: a size hint
+        self.bias = None if bias is None else bias.detach()
 
     def forward(self, x: Tensor) -> Tensor:
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.weight, self.bias, "none", [], "")
