@@ -75,7 +75,6 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    import torch
     from rich.console import Console
     from rich.table import Table
 
@@ -85,6 +84,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from tempering.eval.evaluate import evaluate
     from tempering.models.loading import compute_dtype, load_model, load_tokenizer, resolve_device
     from tempering.rollout.engine import SamplingParams, make_engine
+    from tempering.runtime import configure
     from tempering.sandbox import LocalSandbox
 
     model_dir = resolve_model(args.model)
@@ -96,7 +96,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if max(ks) > args.samples and not args.greedy:
         raise TemperingError(f"--k {max(ks)} needs --samples >= {max(ks)}")
     device = resolve_device(args.device, "--device")
-    torch.set_num_threads(args.threads)
+    configure(args.threads)
     compute = compute_dtype(args.compute, device, "--compute")
     model = load_model(model_dir, device=device)
     tokenizer = load_tokenizer(model_dir)

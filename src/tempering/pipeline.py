@@ -45,6 +45,7 @@ from tempering.models.registry import prepare as prepare_model
 from tempering.models.tokenizer import train_tokenizer
 from tempering.rollout.chat import chat_format
 from tempering.rollout.engine import SamplingParams, make_engine
+from tempering.runtime import configure
 from tempering.sandbox import Sandbox
 from tempering.state import TrainState
 from tempering.summary import print_summary, write_summary
@@ -220,7 +221,7 @@ def measure_pass_rates(cfg: RunConfig, per_family: int, samples: int, seed: int)
     tasks = pick_per_family(train, per_family)
     model_dir = prepare_model(cfg.model.name) if cfg.model.name else resolve_model(cfg.model.path)
     cfg.run.device = resolve_device(cfg.run.device)
-    torch.set_num_threads(cfg.run.threads)
+    configure(cfg.run.threads)
     engine = config_engine(cfg, model_dir, SamplingParams(ro.temperature, ro.top_p, ro.max_new_tokens))
     began = time.perf_counter()
     with make_sandbox(cfg) as sandbox:

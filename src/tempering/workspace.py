@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 from rich.console import Console
 
 from tempering import config_history
@@ -26,6 +25,7 @@ from tempering.data.difficulty import in_range, kept, load_pass_rates
 from tempering.envs import env_context
 from tempering.errors import ConfigError, SandboxError
 from tempering.models.loading import check_model_dir, compute_dtype, resolve_device
+from tempering.runtime import configure
 from tempering.sandbox import LocalSandbox, RemoteSandbox, Sandbox, SandboxLimits
 from tempering.training.sft import Transcript
 from tempering.training.transcripts import sft_transcripts
@@ -109,7 +109,7 @@ def prepare(cfg: RunConfig, console: Console | None = None, allow_config_change:
             MixtureSampler(rl, cfg.data.mixture, cfg.run.seed)
         except ValueError as e:
             raise ConfigError(str(e)) from None
-    torch.set_num_threads(cfg.run.threads)
+    configure(cfg.run.threads)
 
     run_dir.mkdir(parents=True, exist_ok=True)
     if change is not None:

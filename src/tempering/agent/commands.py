@@ -86,7 +86,6 @@ def _tasks(args: argparse.Namespace):
 
 
 def cmd_repair(args: argparse.Namespace) -> int:
-    import torch
     from prometheus_client import start_http_server
 
     from tempering.agent.backends import load_local
@@ -97,6 +96,7 @@ def cmd_repair(args: argparse.Namespace) -> int:
     from tempering.models.loading import load_tokenizer
     from tempering.rollout.engine import SamplingParams, make_engine
     from tempering.rollout.remote import is_url
+    from tempering.runtime import configure
     from tempering.sandbox import LocalSandbox
 
     tasks = _tasks(args)
@@ -104,7 +104,7 @@ def cmd_repair(args: argparse.Namespace) -> int:
     alert = _alert(args, metrics)
     sampling = SamplingParams(args.temperature or 1.0, 1.0, args.max_tokens)
     settings = {}  # a URL's run is unknown: --feedback-chars and --instruction say what it was trained with
-    torch.set_num_threads(args.threads)
+    configure(args.threads)
     if is_url(args.model):
         if not args.tokenizer:
             raise TemperingError("a URL needs --tokenizer: the served model's tokenizer (a model, checkpoint or run "
@@ -139,12 +139,11 @@ def cmd_repair(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    import torch
-
     from tempering.agent.backends import load_local
     from tempering.agent.monitor import Metrics
     from tempering.agent.server import TOKEN_ENV, TOKEN_FILE_ENV, ServeLimits, check_exposure, serve
     from tempering.checkpoint import resolve_model
+    from tempering.runtime import configure
     from tempering.sandbox.service import read_token
 
     token = read_token(args.token_file, TOKEN_ENV, TOKEN_FILE_ENV)
@@ -152,7 +151,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     alert = _alert(args, Metrics())
     model_dir = resolve_model(args.model)
     settings = run_settings(model_dir)
-    torch.set_num_threads(args.threads)
+    configure(args.threads)
     chat = load_local(model_dir, device=args.device, chat=args.chat_format or settings.get("chat_format", "auto"),
                       max_context=args.max_context, compute=args.compute)
     chat.name = args.name or Path(args.model).name

@@ -30,6 +30,7 @@ from tempering.distributed.sandbox import DIED, RaySandbox, SandboxActor
 from tempering.distributed.schedule import ShardSpec
 from tempering.distributed.weights import fingerprints, load_numpy, to_numpy
 from tempering.rollout.episodes import Rollout, merge_rollouts
+from tempering.runtime import configure
 
 
 def start_ray(address: str | None, num_cpus: int | None) -> bool:
@@ -54,7 +55,7 @@ class RolloutWorker:
         from tempering.workspace import make_sandbox, sandbox_limits
 
         cfg = RunConfig.model_validate(yaml.safe_load(cfg_yaml))
-        torch.set_num_threads(cfg.run.threads)  # Ray sets OMP threads from num_cpus; same floats need the same
+        configure(cfg.run.threads)  # Ray sets OMP threads from num_cpus; same floats need the same
         self.model, tokenizer = ray.get(init[0])
         self.sandbox = RaySandbox(sandboxes, sandbox_limits(cfg), cfg.distributed.max_retries) if sandboxes \
             else make_sandbox(cfg)

@@ -18,13 +18,13 @@ import shutil
 import tempfile
 
 import ray
-import torch
 
 from tempering.algos import POLICY_LOSSES, lookup
 from tempering.config import RunConfig
 from tempering.distributed.canary import compare_replicas
 from tempering.distributed.weights import fingerprints
 from tempering.errors import TemperingError
+from tempering.runtime import configure
 from tempering.tracking import Timer
 from tempering.training.data_parallel import LOOPBACK, DataParallel, Rendezvous, Replica
 from tempering.training.optim import make_optimizer
@@ -43,7 +43,7 @@ class TrainerActor:
         import yaml
 
         cfg = RunConfig.model_validate(yaml.safe_load(cfg_yaml))
-        torch.set_num_threads(cfg.run.threads)  # Ray sets OMP threads from num_cpus
+        configure(cfg.run.threads)  # Ray sets OMP threads from num_cpus
         algo = cfg.algo
         policy, optimizer_state, critic, critic_optimizer_state = ray.get(init[0])
         self.models = Replica(policy, make_optimizer(policy, lr=algo.lr, weight_decay=algo.weight_decay), critic,

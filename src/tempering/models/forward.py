@@ -100,52 +100,59 @@ class HeadLogprobs(torch.autograd.Function):
     H) for z = logits / T - instead of differentiating a dozen full-vocabulary elementwise operations. The
     log-probs are those of the plain head, log-softmax and gather (bitwise: the same operations in the same
     order); `dtype` is the autocast dtype the head's matmul runs in (None: the weights' own). Without
-    `with_entropy` the entropy is zeros."""
+    `with_entropy` the entropy is zeros.
+
+    The chunks' full-vocabulary tensors live in buffers allocated once per pass (`_Chunks`), every operation
+    writing into them: a fresh 25 MB tensor per operation and chunk was page-faulted in anew each time (glibc
+    hands the freed heap top back to the kernel), which cost SmolLM2's head more than its arithmetic."""
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, targets, temperature, cap, dtype, with_entropy):
         ctx.save_for_backward(hidden, weight, bias, targets)
         ctx.temperature, ctx.cap, ctx.dtype = temperature, cap, dtype
         ctx.chunk = n = chunk_tokens(weight.shape[0])
-        w, b = _cast(weight, dtype), _cast(bias, dtype)
+        ctx.w, ctx.b = w, b = _cast(weight, dtype), _cast(bias, dtype)  # cast once (SmolLM2's: 56 MB, 0.1 s)
         logprobs, lse = (hidden.new_empty(hidden.shape[0], dtype=torch.float32) for _ in range(2))
         entropy = hidden.new_zeros(hidden.shape[0], dtype=torch.float32)
+        chunks = _Chunks(min(n, hidden.shape[0]), w)
         with torch.autocast(hidden.device.type, enabled=False):
             for i in range(0, hidden.shape[0], n):
-                z = _scaled_logits(_cast(hidden[i: i + n], dtype), w, b, temperature, cap)
-                lse[i: i + n] = torch.logsumexp(z, dim=-1)
-                logprobs[i: i + n] = z.gather(-1, targets[i: i + n, None]).squeeze(-1) - lse[i: i + n]
+                j = slice(i, i + n)
+                z = chunks.logits(_cast(hidden[j], dtype), w, b, temperature, cap)
+                chunks.logsumexp(z, out=lse[j])
+                logprobs[j] = z.gather(-1, targets[j, None]).squeeze(-1) - lse[j]
                 if with_entropy:  # H = lse - E_p[z]
-                    p = torch.softmax(z, dim=-1)
-                    entropy[i: i + n] = lse[i: i + n] - torch.bmm(p[:, None], z[:, :, None]).flatten()
+                    p = chunks.softmax(z)
+                    entropy[j] = lse[j] - torch.bmm(p[:, None], z[:, :, None]).flatten()
         ctx.lse_minus_entropy = lse - entropy  # (not the output itself: no reference cycle)
         return logprobs, entropy
 
     @staticmethod
     def backward(ctx, grad_logprobs, grad_entropy):
         hidden, weight, bias, targets = ctx.saved_tensors
-        temperature, cap, dtype = ctx.temperature, ctx.cap, ctx.dtype
-        w, b = _cast(weight, dtype), _cast(bias, dtype)
+        temperature, cap, dtype, w, b = ctx.temperature, ctx.cap, ctx.dtype, ctx.w, ctx.b
+        ctx.w = ctx.b = None
         grad_hidden = torch.zeros_like(hidden) if ctx.needs_input_grad[0] else None
         grad_weight = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
         grad_bias = torch.zeros_like(bias) if bias is not None and ctx.needs_input_grad[2] else None
         g_lp = grad_logprobs / temperature                                   # d/dlogits = d/dz / T
         g_h = None if grad_entropy is None or not grad_entropy.any() else grad_entropy / temperature
+        chunks = _Chunks(min(ctx.chunk, hidden.shape[0]), w)
         with torch.autocast(hidden.device.type, enabled=False):
             for i in range(0, hidden.shape[0], ctx.chunk):
                 j = slice(i, i + ctx.chunk)
                 h = _cast(hidden[j], dtype)
-                z = _scaled_logits(h, w, b, temperature, cap)
-                p = torch.softmax(z, dim=-1)
+                z = chunks.logits(h, w, b, temperature, cap)
+                p = chunks.softmax(z)
                 if g_h is None:
                     grad = p.mul_(-g_lp[j, None])
                 else:  # -p (g_lp + g_H (z - lse + H))
                     shift = g_lp[j] - g_h[j] * ctx.lse_minus_entropy[j]
-                    grad = p.mul_(torch.addcmul(shift[:, None], z, g_h[j, None])).neg_()
+                    grad = p.mul_(torch.addcmul(shift[:, None], z, g_h[j, None], out=chunks.spare(z))).neg_()
                 grad.scatter_add_(-1, targets[j, None], g_lp[j, None])
                 if cap:  # z = tanh(l / cap) cap / T: dz/dl = (1 - tanh^2) / T (the 1 / T is in g_lp, g_h)
-                    grad.mul_(1 - (z * (temperature / cap)) ** 2)
-                grad = grad.to(w.dtype)
+                    grad.mul_(torch.mul(z, temperature / cap, out=chunks.spare(z)).square_().neg_().add_(1))
+                grad = chunks.cast(grad, w.dtype)
                 if grad_hidden is not None:
                     grad_hidden[j] = grad @ w
                 if grad_weight is not None:
@@ -155,13 +162,55 @@ class HeadLogprobs(torch.autograd.Function):
         return grad_hidden, grad_weight, grad_bias, None, None, None, None, None
 
 
+class _Chunks:
+    """Buffers for a chunk's full-vocabulary tensors (at most `rows` x the head's outputs), reused chunk after
+    chunk: the matmul's output in the head's dtype, z in fp32, and one or two more in fp32."""
+
+    def __init__(self, rows: int, weight: Tensor):
+        self.shape, self.dtype, self.device = (rows, weight.shape[0]), weight.dtype, weight.device
+        self.out = torch.empty(self.shape, dtype=weight.dtype, device=weight.device)
+        self.z = self.out if weight.dtype == torch.float32 else self._fp32()
+        self.p, self._spare = self._fp32(), None
+
+    def _fp32(self) -> Tensor:
+        return torch.empty(self.shape, dtype=torch.float32, device=self.device)
+
+    def logits(self, hidden: Tensor, weight: Tensor, bias: Tensor | None, temperature: float,
+               cap: float | None) -> Tensor:
+        """z = head(hidden) / T (soft-capped first), in fp32, as `_scaled` computes it, in the buffers."""
+        k = hidden.shape[0]
+        out = self.out[:k]  # as `linear` computes it: addmm with a bias, mm without
+        out = torch.mm(hidden, weight.T, out=out) if bias is None else torch.addmm(bias, hidden, weight.T, out=out)
+        z = self.z[:k]
+        if z is not out:
+            z.copy_(out)
+        if cap:
+            z.div_(cap).tanh_().mul_(cap)
+        return z.div_(temperature) if temperature != 1.0 else z
+
+    def logsumexp(self, z: Tensor, *, out: Tensor) -> Tensor:
+        """`torch.logsumexp(z, -1)` (the same operations in its order: bitwise), its temporary in a buffer."""
+        top = z.amax(-1, keepdim=True)
+        top.masked_fill_(top.abs() == float("inf"), 0)
+        torch.sum(torch.sub(z, top, out=self.p[: z.shape[0]]).exp_(), -1, out=out)
+        return out.log_().add_(top.squeeze(-1))
+
+    def softmax(self, z: Tensor) -> Tensor:
+        return torch.ops.aten._softmax.out(z, -1, False, out=self.p[: z.shape[0]])
+
+    def spare(self, z: Tensor) -> Tensor:
+        self._spare = self._fp32() if self._spare is None else self._spare
+        return self._spare[: z.shape[0]]
+
+    def cast(self, grad: Tensor, dtype: torch.dtype) -> Tensor:
+        """`grad.to(dtype)`, into the matmul's buffer (free again by now) when that is its dtype."""
+        if grad.dtype == dtype:
+            return grad
+        return self.out[: grad.shape[0]].copy_(grad) if self.dtype == dtype else grad.to(dtype)
+
+
 def _cast(x: Tensor | None, dtype: torch.dtype | None) -> Tensor | None:
     return x if x is None or dtype is None else x.to(dtype)
-
-
-def _scaled_logits(hidden: Tensor, weight: Tensor, bias: Tensor | None, temperature: float,
-                   cap: float | None) -> Tensor:
-    return _scaled(torch.nn.functional.linear(hidden, weight, bias), temperature, cap)
 
 
 def _scaled(logits: Tensor, temperature: float, cap: float | None) -> Tensor:
