@@ -1,11 +1,10 @@
 """The process's compute settings: a heap that keeps what it frees."""
 
+import platform
 import subprocess
 import sys
 
 import pytest
-
-from tempering.runtime import keep_freed_memory
 
 PROGRAM = """
 import sys, torch
@@ -26,7 +25,7 @@ def _handed_back_mb(mode: str) -> int:
     return int(out.stdout.split()[-1])
 
 
-@pytest.mark.skipif(not keep_freed_memory() or sys.platform != "linux", reason="glibc's mallopt, /proc")
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's mallopt and Linux's /proc")
 def test_the_heap_keeps_what_a_step_frees_for_the_next_instead_of_handing_it_back_to_the_kernel():
     assert _handed_back_mb("default") > 80  # glibc's default: unmapped or trimmed, faulted in again next time
     assert _handed_back_mb("keep") < 8
