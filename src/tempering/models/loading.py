@@ -15,6 +15,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaC
 
 from tempering.errors import ConfigError, ModelLoadError
 from tempering.models.lora import adapter_base, is_adapter_dir, load_adapters, merge
+from tempering.models.rotary import exact_rotary
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -113,7 +114,7 @@ def load_model(path: str | Path, *, dtype: str = "float32", device: str = "cpu",
         model = load_adapters(load_model(adapter_base(path), dtype=dtype), path, trainable=trainable_adapters)
         return (model if trainable_adapters else merge(model)).to(device)
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype])
+        model = exact_rotary(AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype]))
     except Exception as e:  # the library's errors vary by format (OSError, SafetensorError, ...)
         raise ModelLoadError(f"model path '{path}': weights cannot be loaded ({type(e).__name__}: {e})") from None
     return model.to(device)
@@ -156,7 +157,7 @@ def build_tiny_model(
     )
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        return LlamaForCausalLM(config)
+        return exact_rotary(LlamaForCausalLM(config))
 
 
 def save_model(model: torch.nn.Module, tokenizer, path: str | Path) -> Path:

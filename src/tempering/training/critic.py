@@ -15,6 +15,7 @@ from torch import Tensor, nn
 from tempering.algos.losses import clipped_value_loss
 from tempering.models.forward import model_device, response_hidden_states
 from tempering.models.loading import mixed_precision
+from tempering.models.rotary import exact_rotary
 from tempering.training.data_parallel import DataParallel, shares
 
 HEAD_FILE = "value_head.pt"
@@ -33,7 +34,7 @@ class Critic(nn.Module):
         """The backbone of any HF causal LM directory (its LM head is dropped); a saved head if present."""
         from transformers import AutoModel
 
-        backbone = AutoModel.from_pretrained(model_dir, dtype=getattr(torch, dtype))
+        backbone = exact_rotary(AutoModel.from_pretrained(model_dir, dtype=getattr(torch, dtype)))
         critic = cls(backbone).to(device)
         if (Path(model_dir) / HEAD_FILE).is_file():
             critic.head.load_state_dict(torch.load(Path(model_dir) / HEAD_FILE, map_location=device))
