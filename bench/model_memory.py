@@ -9,7 +9,7 @@ The curve's rows share one prompt (a group), so the update packs them into one s
 (`models.forward.PACK`) and runs them one by one beyond; log-probs and entropy are computed in chunks.
 
 Each arm runs in its own process (peak resident memory only grows; malloc tuned as the `tempering` command
-tunes it, `cli.fixed_mmap_threshold`), loads the model, does one warm-up
+tunes it, `runtime.fixed_mmap_threshold`), loads the model, does one warm-up
 update and `--repeats` timed ones (PPO-clip, 2 minibatches, random advantages), and reports the mean
 update time, trained tokens per second and the process's peak resident memory. Printed as a table, with
 ratios against full fine-tuning in float32.
@@ -85,7 +85,7 @@ def main() -> None:
     parser.add_argument("--arm", help=argparse.SUPPRESS)  # mode,dtype,checkpointing: run one arm, print JSON
     args = parser.parse_args()
     if args.arm:
-        from tempering.cli import fixed_mmap_threshold
+        from tempering.runtime import fixed_mmap_threshold
 
         fixed_mmap_threshold()  # as `tempering` runs: freed large tensors go back to the system
         mode, dtype, ckpt = args.arm.split(",")

@@ -393,24 +393,10 @@ def _quiet_libraries() -> None:
     hf_logging.set_verbosity_error()
 
 
-def fixed_mmap_threshold(size: int = 4 << 20) -> None:
-    """glibc's malloc raises its mmap threshold each time a large block is freed, after which tensors of
-    up to 32 MB come from the heap and their memory is kept after they are freed: a SmolLM2 update's peak
-    resident memory went from 1.4 GB to 5.5 GB that way (measured). A fixed threshold gives every
-    allocation of `size` or more back to the system when it is freed (costs ~15% of that update's time in
-    page faults)."""
-    import ctypes
-    import ctypes.util
-
-    name = ctypes.util.find_library("c")
-    try:
-        ctypes.CDLL(name).mallopt(-3, size)  # M_MMAP_THRESHOLD
-    except (OSError, AttributeError, TypeError):
-        pass  # not glibc: nothing to tune
-
-
 def main(argv: list[str] | None = None) -> int:
-    fixed_mmap_threshold()
+    from tempering.runtime import fixed_mmap_threshold
+
+    fixed_mmap_threshold()  # every command, also those that never configure threads
     args = build_parser().parse_args(argv)
     _quiet_libraries()
     try:

@@ -103,8 +103,9 @@ class HeadLogprobs(torch.autograd.Function):
     `with_entropy` the entropy is zeros.
 
     The chunks' full-vocabulary tensors live in buffers allocated once per pass (`_Chunks`), every operation
-    writing into them: a fresh 25 MB tensor per operation and chunk was page-faulted in anew each time (glibc
-    hands the freed heap top back to the kernel), which cost SmolLM2's head more than its arithmetic."""
+    writing into them: a fresh 25 MB tensor per operation and chunk was page-faulted in anew each time (large
+    blocks are mapped afresh: `runtime.fixed_mmap_threshold`), which cost SmolLM2's head more than its
+    arithmetic."""
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, targets, temperature, cap, dtype, with_entropy):
