@@ -1,3 +1,5 @@
+import warnings
+
 import pytest
 import torch
 
@@ -252,7 +254,12 @@ def test_with_dropout_in_the_model_the_ratio_is_one_before_the_first_step(tiny_m
             layer.self_attn.attention_dropout = 0.5
         model = add_adapters(model, tiny_model_dir, r=4, alpha=8, dropout=0.5, target_modules="all-linear")
         batch = make_batch(model, load_tokenizer(tiny_model_dir), tasks[0][:4], [1.0, 0.0, 0.0, 1.0] * 2)
-        metrics = update_policy(model, torch.optim.SGD(model.parameters(), lr=0.0), batch, policy_loss=ppo_clip_loss,
-                                generator=torch.Generator().manual_seed(0), gradient_checkpointing=checkpointing)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            metrics = update_policy(model, torch.optim.SGD(model.parameters(), lr=0.0), batch,
+                                    policy_loss=ppo_clip_loss, generator=torch.Generator().manual_seed(0),
+                                    gradient_checkpointing=checkpointing)
         assert metrics["actor/pg_clipfrac"] == 0.0 and abs(metrics["actor/ppo_kl"]) < 1e-6, (checkpointing, metrics)
-        assert model.training  # left as it was found
+        assert model.training  # left as it was found, checkpointing off again, without transformers' deprecations
+        assert not any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
+        assert not [w for w in caught if "checkpointing" in str(w.message)], [str(w.message) for w in caught]

@@ -48,7 +48,7 @@ def update_policy(
     `dp`: this is one of M data-parallel ranks; it runs its part of each minibatch (`data_parallel`)."""
     assert batch.advantages is not None, "compute advantages before the update"
     if gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        activation_checkpointing(model, True)
     without_dropout(model)
     device = model_device(model)
     sums: dict[str, float] = defaultdict(float)
@@ -96,7 +96,7 @@ def update_policy(
             for k, v in pg_metrics.items():
                 sums[f"actor/{k}"] += float(v) * tok
     if gradient_checkpointing:
-        model.gradient_checkpointing_disable()
+        activation_checkpointing(model, False)
     model.train()
     if dp is not None:
         sums = dp.allreduce_metrics(sums, keep=("actor/grad_norm",))
@@ -137,6 +137,21 @@ def autocast(cfg):
     """Mixed precision for a forward pass of the policy (`model.compute: bfloat16`): matmuls in bf16,
     parameters, optimizer state and the log-softmax in fp32."""
     return mixed_precision(torch.device(cfg.run.device), compute_dtype(cfg.model.compute, cfg.run.device))
+
+
+def activation_checkpointing(model: torch.nn.Module, enable: bool) -> None:
+    """Recompute each layer's activations in the backward pass (or stop). transformers 5 renamed it from
+    `gradient_checkpointing_*`, whose old names now warn on every call; the old ones stay for the releases
+    before the rename."""
+    if hasattr(model, "activation_checkpointing_enable"):
+        if enable:
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.activation_checkpointing_disable()
+    elif enable:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_disable()
 
 
 def without_dropout(model: torch.nn.Module) -> None:
