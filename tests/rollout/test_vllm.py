@@ -51,9 +51,6 @@ def test_sampling_is_seeded_by_the_callers_generator(engines, smollm2):
     assert a.texts == b.texts and a.version == remote.version
 
 
-@pytest.mark.xfail(not torch.cuda.is_available(), strict=False,
-                   reason="vLLM's CPU build replaces its linear weights after loading (oneDNN layouts): model.load_weights "
-                          "on a running CPU engine fails with 'Parameter has no attribute weight_loader'")
 def test_loaded_weights_take_effect_and_samples_record_the_version(engines, smollm2):
     remote, _ = engines
     _, model, tokenizer = smollm2
