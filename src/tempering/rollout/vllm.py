@@ -5,8 +5,9 @@ Same calls as `LocalEngine`: `generate(contexts)` sends each context as a token 
 (drawn from the caller's generator) and reads back the sampled ids and their log-probs - under the
 sampling distribution (`logprobs_mode="processed_logprobs"`: after the temperature; with top-p 1, the
 distribution the trainer recomputes); `logprobs(...)` scores given responses as prompt log-probs;
-`load_weights(state, version)` pushes the trainer's weights into the running engine through vLLM's in-place
-reload (a LoRA policy's adapters merged into their base first: vLLM serves plain weights), and later samples record `version`.
+`load_weights(state, version)` pushes the trainer's weights into the running engine through vLLM's
+in-place reload (a LoRA policy's adapters merged into their base first: vLLM serves plain weights), and
+later samples record `version`.
 vLLM manages its own KV cache, batching and prefix caching; `keep` and `release` have nothing to do.
 
 vLLM runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), so pushing weights copies tensors, not
@@ -118,7 +119,8 @@ class VLLMEngine:
         # vLLM's in-place reload, not the model's own `load_weights`: after loading, a platform may repack a
         # layer's weights into its kernel's layout (the CPU build's oneDNN linears drop the loader they came
         # in with); the reload restores the checkpoint layout, loads, and packs them again.
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
+        self.llm.collective_rpc("reload_weights",
+                                kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
         self.llm.reset_prefix_cache()
         self.version = version
 
