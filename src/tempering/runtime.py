@@ -7,8 +7,6 @@ import ctypes
 import ctypes.util
 import functools
 
-import torch
-
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
 MMAP_THRESHOLD = 4 << 20
 """Allocations of this size or more get a mapping of their own, given back to the kernel when freed."""
@@ -17,6 +15,8 @@ MMAP_THRESHOLD = 4 << 20
 def configure(threads: int) -> None:
     """`threads` for torch's CPU operations (the same floats need the same number), and
     `fixed_mmap_threshold`."""
+    import torch  # here, not at the top: every command sets the heap policy first, before torch is needed
+
     torch.set_num_threads(threads)
     fixed_mmap_threshold()
 
