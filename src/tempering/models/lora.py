@@ -8,7 +8,9 @@ reference of a LoRA run is the same model with its adapters disabled (no second 
 
 from __future__ import annotations
 
+import contextlib
 import json
+import warnings
 from pathlib import Path
 
 import torch
@@ -41,7 +43,8 @@ def add_adapters(model: torch.nn.Module, base_dir: Path, *, r: int, alpha: float
     try:
         with torch.random.fork_rng():
             torch.manual_seed(seed)
-            peft_model = get_peft_model(model, config)
+            with _peft_on_transformers_5():
+                peft_model = get_peft_model(model, config)
     except ValueError as e:  # e.g. target modules that the architecture does not have
         raise ModelLoadError(f"model.lora: {e}") from None
     peft_model.peft_config["default"].base_model_name_or_path = str(Path(base_dir).resolve())
@@ -51,7 +54,18 @@ def add_adapters(model: torch.nn.Module, base_dir: Path, *, r: int, alpha: float
 def load_adapters(model: torch.nn.Module, adapter_dir: Path, *, trainable: bool) -> torch.nn.Module:
     from peft import PeftModel
 
-    return inputs_as_they_come(PeftModel.from_pretrained(model, adapter_dir, is_trainable=trainable))
+    with _peft_on_transformers_5():
+        peft_model = PeftModel.from_pretrained(model, adapter_dir, is_trainable=trainable)
+    return inputs_as_they_come(peft_model)
+
+
+@contextlib.contextmanager
+def _peft_on_transformers_5():
+    """peft asks a model for `is_gradient_checkpointing`, which transformers 5 renamed: one FutureWarning
+    per wrapped model, about peft's code, not the caller's."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+        yield
 
 
 def inputs_as_they_come(model: torch.nn.Module) -> torch.nn.Module:
