@@ -1,5 +1,6 @@
 """The process's compute settings: large freed blocks go back to the kernel."""
 
+import os
 import platform
 import subprocess
 import sys
@@ -31,7 +32,9 @@ print(mapped, held - resident_mb())
 
 
 def _mapped_and_given_back_mb(mode: str) -> tuple[int, int]:
-    out = subprocess.run([sys.executable, "-c", PROGRAM, mode], capture_output=True, text=True, check=True)
+    env = {k: v for k, v in os.environ.items()  # glibc's own defaults, whatever this shell tunes
+           if not k.startswith("MALLOC_") and k not in ("GLIBC_TUNABLES", "LD_PRELOAD")}
+    out = subprocess.run([sys.executable, "-c", PROGRAM, mode], capture_output=True, text=True, check=True, env=env)
     mapped, given_back = out.stdout.split()[-2:]
     return int(mapped), int(given_back)
 
