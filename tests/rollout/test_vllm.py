@@ -2,6 +2,8 @@
 CPU here, a GPU where one is lent): the same greedy tokens and log-probs as the local engine on SmolLM2,
 log-probs of given responses, weights pushed by `load_weights` take effect, samples record the version."""
 
+import random
+
 import pytest
 import torch
 
@@ -25,7 +27,12 @@ def smollm2():
 def engines(smollm2):
     path, model, tokenizer = smollm2
     sampling = SamplingParams(1.0, 1.0, 24)
-    return make_engine(str(path), tokenizer, sampling, kind="vllm"), make_engine(model, tokenizer, sampling)
+    random.seed(7), torch.manual_seed(7)
+    expected = (random.random(), torch.rand(2).tolist())
+    random.seed(7), torch.manual_seed(7)
+    remote = make_engine(str(path), tokenizer, sampling, kind="vllm")  # vLLM seeds the global generators
+    callers_draws_kept = (random.random(), torch.rand(2).tolist()) == expected
+    return remote, make_engine(model, tokenizer, sampling), callers_draws_kept
 
 
 def prompts(tokenizer):
@@ -34,7 +41,7 @@ def prompts(tokenizer):
 
 
 def test_greedy_tokens_and_logprobs_match_the_local_engine(engines, smollm2):
-    remote, local = engines
+    remote, local, _ = engines
     contexts = prompts(smollm2[2])
     a, b = remote.generate(contexts, greedy=True), local.generate(contexts, greedy=True)
     assert a.texts == b.texts
@@ -44,7 +51,7 @@ def test_greedy_tokens_and_logprobs_match_the_local_engine(engines, smollm2):
 
 
 def test_sampling_is_seeded_by_the_callers_generator(engines, smollm2):
-    remote, _ = engines
+    remote, _, _ = engines
     contexts = prompts(smollm2[2]) * 2
     a = remote.generate(contexts, generator=torch.Generator().manual_seed(1))
     b = remote.generate(contexts, generator=torch.Generator().manual_seed(1))
@@ -52,7 +59,7 @@ def test_sampling_is_seeded_by_the_callers_generator(engines, smollm2):
 
 
 def test_loaded_weights_take_effect_and_samples_record_the_version(engines, smollm2):
-    remote, _ = engines
+    remote, _, _ = engines
     _, model, tokenizer = smollm2
     contexts = prompts(tokenizer)[:1]
     before = remote.generate(contexts, greedy=True)
@@ -63,3 +70,7 @@ def test_loaded_weights_take_effect_and_samples_record_the_version(engines, smol
     assert flat.version == 5 and flat.texts != before.texts
     remote.load_weights(model.state_dict(), version=6)
     assert remote.generate(contexts, greedy=True).texts == before.texts
+
+
+def test_starting_the_engine_leaves_the_callers_random_draws_as_they_were(engines):
+    assert engines[2]  # Python's and torch's global generators: LoRA dropout, a resumed run's state

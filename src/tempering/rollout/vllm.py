@@ -16,11 +16,14 @@ pickles. A model object (the trainer's policy) is saved once to a temporary dire
 
 from __future__ import annotations
 
+import contextlib
 import os
+import random
 import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -43,6 +46,17 @@ def plain_state(state: Mapping[str, Tensor], scaling: float | None = None) -> It
         yield plain, value
 
 
+@contextlib.contextmanager
+def _callers_random_state():
+    """vLLM seeds Python's, NumPy's and torch's global generators when it starts (its `seed`); the caller's
+    draws that use them - LoRA dropout in the update, a resumed run's restored state - go on as before."""
+    python, numpy = random.getstate(), np.random.get_state()
+    with torch.random.fork_rng(devices=[torch.cuda.current_device()] if torch.cuda.is_initialized() else []):
+        yield
+    random.setstate(python)
+    np.random.set_state(numpy)
+
+
 class VLLMEngine:
     def __init__(self, source, tokenizer, sampling, *, version: int = 0, lora_scaling: float | None = None,
                  max_model_len: int = 4096, **options):
@@ -63,10 +77,12 @@ class VLLMEngine:
             tokenizer.save_pretrained(self._saved.name)
             source = self._saved.name
         device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.llm = LLM(model=str(source), dtype="float32" if device == "cpu" else "auto", seed=0,
-                       max_model_len=max_model_len, logprobs_mode="processed_logprobs",
-                       gpu_memory_utilization=options.pop("gpu_memory_utilization", 0.2 if device == "cpu" else 0.5),
-                       **options)
+        with _callers_random_state():
+            self.llm = LLM(model=str(source), dtype="float32" if device == "cpu" else "auto", seed=0,
+                           max_model_len=max_model_len, logprobs_mode="processed_logprobs",
+                           gpu_memory_utilization=options.pop("gpu_memory_utilization",
+                                                              0.2 if device == "cpu" else 0.5),
+                           **options)
 
     def _params(self, greedy: bool, max_tokens: int, seed: int, **extra):
         from vllm import SamplingParams as VLLMParams
