@@ -27,9 +27,13 @@ def smollm2():
 def engines(smollm2):
     path, model, tokenizer = smollm2
     sampling = SamplingParams(1.0, 1.0, 24)
-    random.seed(7), torch.manual_seed(7)
+    def seeded():
+        random.seed(7)
+        torch.manual_seed(7)
+
+    seeded()
     expected = (random.random(), torch.rand(2).tolist())
-    random.seed(7), torch.manual_seed(7)
+    seeded()
     remote = make_engine(str(path), tokenizer, sampling, kind="vllm")  # vLLM seeds the global generators
     callers_draws_kept = (random.random(), torch.rand(2).tolist()) == expected
     return remote, make_engine(model, tokenizer, sampling), callers_draws_kept
