@@ -18,15 +18,14 @@ from __future__ import annotations
 
 import contextlib
 import os
-import random
 import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch import Tensor
 
+from tempering.checkpoint import rng_state, set_rng_state
 from tempering.errors import TemperingError
 from tempering.rollout.chat import stop_token_ids
 from tempering.rollout.generate import Generation, generation_of
@@ -49,12 +48,13 @@ def plain_state(state: Mapping[str, Tensor], scaling: float | None = None) -> It
 @contextlib.contextmanager
 def _callers_random_state():
     """vLLM seeds Python's, NumPy's and torch's global generators when it starts (its `seed`); the caller's
-    draws that use them - LoRA dropout in the update, a resumed run's restored state - go on as before."""
-    python, numpy = random.getstate(), np.random.get_state()
-    with torch.random.fork_rng(devices=[torch.cuda.current_device()] if torch.cuda.is_initialized() else []):
+    draws that use them - LoRA dropout in the update, a resumed run's restored state - go on as before (the
+    states a checkpoint keeps)."""
+    state = rng_state()
+    try:
         yield
-    random.setstate(python)
-    np.random.set_state(numpy)
+    finally:
+        set_rng_state(state)
 
 
 class VLLMEngine:
