@@ -15,6 +15,7 @@ the same: no sample is lost or counted twice, by construction. Results are keyed
 from __future__ import annotations
 
 import os
+import secrets
 import threading
 import time
 from collections import deque
@@ -23,27 +24,57 @@ from dataclasses import dataclass, field
 
 import ray
 import torch
+from ray._private import ray_constants
+from ray._raylet import Config
 
 from tempering.config import RunConfig
-from tempering.distributed import canary
+from tempering.distributed import canary, reaper
 from tempering.distributed.sandbox import DIED, RaySandbox, SandboxActor
 from tempering.distributed.schedule import ShardSpec
 from tempering.distributed.weights import fingerprints, load_numpy, to_numpy
 from tempering.rollout.episodes import Rollout, merge_rollouts
 from tempering.runtime import configure
 
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
-def start_ray(address: str | None, num_cpus: int | None) -> bool:
-    """Join the cluster at `address`, or start a local one bound to loopback; True if this call started it."""
+
+def start_ray(address: str | None, num_cpus: int | None) -> reaper.Watcher | None:
+    """Join the cluster at `address`, or start a local one that listens on loopback only and asks every client
+    for a token. The local cluster's watcher (`reaper`) when this call started one: `stop_ray` ends both."""
     if ray.is_initialized():
-        return False
+        return None
     if address:
         ray.init(address=address, log_to_driver=False)
-    else:  # a local cluster on 127.0.0.1 only (Ray binds the machine's address unless this is 0)
-        os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+        return None
+    # Ray reads RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER once, when `ray` is imported (so setting it here alone
+    # changed nothing): with it off the node's address is loopback, and the GCS, raylet, workers, agents and
+    # metrics bind that address alone. The variable serves the processes Ray starts, the constant this one.
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    # Token authentication whatever the environment says; one random token per driver process, in the
+    # environment of the cluster's processes only (nothing written to ~/.ray). This process read the mode when
+    # `ray` was imported: Config.initialize reads it again (as Ray itself does when it turns token mode on).
+    os.environ["RAY_AUTH_MODE"] = "token"
+    os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
+    Config.initialize("")
+    watcher = reaper.Watcher()
+    try:
         ray.init(num_cpus=num_cpus or os.cpu_count(), include_dashboard=False, log_to_driver=False,
-                 configure_logging=False)
-    return True
+                 configure_logging=False, _temp_dir=watcher.root)
+    except BaseException:
+        watcher.close()
+        raise
+    if (host := ray.util.get_node_ip_address()) not in LOOPBACK:
+        stop_ray(watcher)
+        raise RuntimeError(f"the local Ray cluster came up on {host}, not loopback; refusing to use it")
+    return watcher
+
+
+def stop_ray(watcher: reaper.Watcher | None) -> None:
+    """Shut down the cluster `start_ray` started (nothing if it joined one), and kill whatever outlived that."""
+    if watcher is not None:
+        ray.shutdown()
+        watcher.close()
 
 
 @ray.remote(max_restarts=-1, max_task_retries=0)
@@ -104,7 +135,7 @@ class RayPool:
         d, ro = cfg.distributed, cfg.rollout
         self.cfg, self.probe, self.reference, self.log = cfg, probe, reference, log
         self.min_workers, self.max_workers = ro.min_workers or ro.workers, ro.max_workers or ro.workers
-        self.started = start_ray(d.address, d.num_cpus)
+        self.cluster = start_ray(d.address, d.num_cpus)
         self.init = ray.put((model, tokenizer))
         # CPU-less: the executions they run are what uses CPU, and they must never wait for a rollout worker's slot
         self.sandboxes = [SandboxActor.options(num_cpus=0).remote(cfg.to_yaml()) for _ in range(d.sandbox_actors)]
@@ -293,8 +324,7 @@ class RayPool:
         for actor in self.workers + self.sandboxes:
             _close(actor)
         self.workers, self.sandboxes = [], []
-        if self.started:
-            ray.shutdown()
+        stop_ray(self.cluster)
 
 
 def _close(worker) -> None:
