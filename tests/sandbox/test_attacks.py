@@ -374,3 +374,18 @@ def test_a_worker_sharing_its_programs_uid_is_replaced_when_damaged(attack, monk
                 assert all(r.status == "killed" and "worker_tampered" in r.flags for r in attacks), attacks
             results = pool.run_batch([pool.request(f"print({i})") for i in range(100)])
             assert [(r.status, r.stdout) for r in results] == [("ok", f"{i}\n") for i in range(100)]
+
+
+def test_a_program_that_breaks_its_worker_never_answers_for_another_request(monkeypatch):
+    """Programs that stop, kill or cripple their shared-uid worker, interleaved with tagged programs on the
+    same pool: every tagged program gets its own output, never an answer meant for another request."""
+    monkeypatch.setattr(isolation, "_split_works", lambda python: "forced off by the test")
+    for backend in BACKENDS:
+        with LocalSandbox(SandboxLimits(timeout_s=2.0, cpu_s=2.0), workers=2, isolation=backend) as pool:
+            attacks = [SABOTAGE["signals"], SABOTAGE["prlimit"]]
+            reqs = [pool.request(attacks[i % 2] if i % 3 == 0 else f"print('request {i}')") for i in range(24)]
+            results = pool.run_batch(reqs)
+            tagged = [(i, r.status, r.stdout) for i, r in enumerate(results) if i % 3]
+            assert tagged == [(i, "ok", f"request {i}\n") for i in range(24) if i % 3], tagged
+            assert not any("request" in r.stdout for i, r in enumerate(results) if i % 3 == 0)
+            assert pool.replaced > 0  # the attacks did break workers

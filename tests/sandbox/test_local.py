@@ -4,10 +4,12 @@ import os
 import shutil
 import threading
 import time
+from dataclasses import asdict, replace
 
 import pytest
 
-from tempering.sandbox import LocalSandbox, SandboxLimits, compare_values, parse_value
+from tempering.errors import SandboxError
+from tempering.sandbox import LocalSandbox, SandboxLimits, compare_values, parse_value, pool
 from tempering.types import Task, TestCase
 
 
@@ -152,6 +154,48 @@ def test_a_dead_worker_is_replaced(sandbox):
         sb._idle.put(worker)
         assert sb.run("print(1)").status == "killed"
         assert sb.run("print(1)").stdout == "1\n"
+
+
+def test_an_answer_left_in_the_pipe_is_never_taken_for_another_request():
+    """An answer the host did not ask for (here a stray request pushed into the worker's pipe, as a lost
+    answer would be) does not become the next request's result: answers carry their request's id."""
+    with LocalSandbox(workers=1) as sb:
+        worker = sb._idle.queue[0]
+        stray = {"kind": "program", "code": "print('stale')", "language": "python", **asdict(sb.limits)}
+        worker.proc.stdin.write(pool._frame(stray))
+        worker.proc.stdin.flush()
+        mine = sb.run("print('mine')")
+        assert mine.stdout != "stale\n" and mine.status == "sandbox_error" and "answered request" in mine.stderr
+        assert sb.run("print('next')").stdout == "next\n" and sb.replaced == 1
+
+
+def test_a_request_that_breaks_the_hosts_wait_leaks_nothing(monkeypatch):
+    """An unexpected error while the host waits (a NaN deadline made select() raise) retires the worker:
+    its late answer never reaches the next request, from this client or any other."""
+    with LocalSandbox(workers=1) as sb:
+        real, calls = pool.select.select, []
+
+        def broken_once(*args):
+            calls.append(1)
+            if len(calls) == 1:
+                raise ValueError("Invalid value NaN (not a number)")
+            return real(*args)
+
+        monkeypatch.setattr(pool.select, "select", broken_once)
+        with pytest.raises(ValueError, match="NaN"):
+            sb.run("print('first')")
+        assert sb.run("print('second')").stdout == "second\n" and sb.replaced == 1
+
+
+@pytest.mark.parametrize("limit, value", [("timeout_s", float("nan")), ("timeout_s", 0), ("cpu_s", -1.0),
+                                          ("compile_timeout_s", float("inf")), ("memory_mb", 0),
+                                          ("max_file_bytes", -1), ("max_output_bytes", 1.5), ("max_processes", True)])
+def test_impossible_limits_never_reach_a_worker(sandbox, limit, value):
+    """NaN breaks the host's wait, 0 or less kills every program, -1 is no RLIMIT_FSIZE at all: refused."""
+    req = replace(sandbox.request("print(1)"), limits=replace(sandbox.limits, **{limit: value}))
+    with pytest.raises(SandboxError, match=f"limits.{limit} must be a .* number above 0"):
+        sandbox.execute(req)
+    assert sandbox.run("print(2)").stdout == "2\n"
 
 
 BACKENDS = ["bwrap", "process"] if shutil.which("bwrap") else ["process"]

@@ -114,6 +114,47 @@ def test_the_trainer_uses_a_remote_sandbox_by_config(server, tmp_path):
         make_sandbox(down)
 
 
+def execute_raw(url: str, code: str, limits: dict) -> httpx.Response:
+    """POST /execute with `limits` written as given: json.dumps spells NaN and Infinity as Python's json reads them."""
+    body = json.dumps({"requests": [{"code": code, "language": "python", "limits": limits}]})
+    return httpx.post(f"{url}/execute", content=body, headers={"Content-Type": "application/json"}, timeout=60)
+
+
+BAD_LIMITS = [("timeout_s", float("nan")), ("timeout_s", 0), ("timeout_s", -1), ("cpu_s", float("inf")),
+              ("compile_timeout_s", -float("inf")), ("memory_mb", 0), ("memory_mb", -5), ("max_output_bytes", 0.5),
+              ("max_file_bytes", -1), ("max_processes", 0), ("max_processes", True), ("timeout_s", "2"),
+              ("timeout_s", None)]
+
+
+def test_impossible_limits_are_refused_before_any_worker_sees_them(server):
+    """NaN, infinities, 0, negatives and non-numbers: 422 naming the field; the workers never see them."""
+    for name, value in BAD_LIMITS:
+        r = execute_raw(server, "print(1)", {name: value})
+        assert r.status_code == 422 and f"limits.{name}" in r.json()["detail"], (name, value, r.text)
+    r = execute_raw(server, "print(1)", {"timeout_s": 1.5, "max_file_bytes": 1 << 20})
+    assert r.status_code == 200 and r.json()["results"][0]["stdout"] == "1\n"
+
+
+def test_interleaved_clients_each_get_their_own_result(server):
+    """Threads sending good and impossible requests at once: each good one gets its own program's output,
+    each bad one its 422, and no answer goes to another request."""
+    outcomes, bad = [], [{"timeout_s": float("nan")}, {"timeout_s": 0}, {"timeout_s": -1}, {"max_file_bytes": -1}]
+
+    def client(c: int) -> None:
+        for i in range(8):
+            limits = bad[(c + i) % len(bad)] if i % 2 else {"timeout_s": 2.0}
+            r = execute_raw(server, f"print('client {c} request {i}')", limits)
+            result = r.json()["results"][0] if r.status_code == 200 else {"status": r.status_code}
+            outcomes.append((c, i, result.get("stdout") or result["status"]))
+
+    threads = [threading.Thread(target=client, args=(c,)) for c in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(outcomes) == [(c, i, 422 if i % 2 else f"client {c} request {i}\n") for c in range(6) for i in range(8)]
+
+
 # ------------------------------------------------------------------------------------------ exposure
 
 TOKEN = "test-token-0123456789abcdef"

@@ -903,6 +903,7 @@ def main():
             damage = server.health()
             if damage:
                 resp["worker_damaged"] = damage
+            resp["id"] = req.get("id")  # the host matches every answer to its request by this id
             write_msg(1, resp)
     finally:
         if not config.get("scratch"):

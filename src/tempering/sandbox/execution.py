@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from tempering.types import ExecResult
@@ -27,6 +28,21 @@ class SandboxLimits:
     is root; a non-root host shares its uid's count with the sandbox)."""
     compile_timeout_s: float = 20.0
     """Wall-clock limit of compiling a C/C++ program (its own limit, before `timeout_s` starts)."""
+
+
+WHOLE_LIMITS = ("memory_mb", "max_output_bytes", "max_file_bytes", "max_processes")
+
+
+def limits_problem(limits: SandboxLimits) -> str | None:
+    """Why `limits` cannot be run, or None: every limit is a finite number above 0 (a whole one for sizes
+    and counts). A NaN deadline breaks the host's wait, 0 or a negative one kills every program at once,
+    and -1 is RLIMIT_INFINITY to setrlimit: no limit at all."""
+    for f in fields(limits):
+        value, whole = getattr(limits, f.name), f.name in WHOLE_LIMITS
+        number = not isinstance(value, bool) and isinstance(value, int if whole else (int, float))
+        if not (number and (whole or math.isfinite(value)) and value > 0):
+            return f"limits.{f.name} must be a {'whole' if whole else 'finite'} number above 0, not {value!r}"
+    return None
 
 
 @dataclass

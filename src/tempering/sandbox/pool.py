@@ -23,7 +23,7 @@ from dataclasses import replace
 from typing import Any
 
 from tempering.errors import SandboxError
-from tempering.sandbox.execution import LANGUAGES, ExecRequest, SandboxLimits, to_result
+from tempering.sandbox.execution import LANGUAGES, ExecRequest, SandboxLimits, limits_problem, to_result
 from tempering.sandbox.grading import grade, test_requests
 from tempering.sandbox.isolation import WORKER_SCRIPT, Isolation, Protection, resolve
 from tempering.sandbox.uids import kill_uids, lease_worker_ids, pair
@@ -61,6 +61,7 @@ class _Worker:
     def __init__(self, isolation: Isolation):
         self.ids = lease_worker_ids()
         self.broken = False
+        self.sent = 0  # the id of the last request sent
         self.errors = tempfile.TemporaryFile()
         boot_r, boot_w = os.pipe()  # the worker's source (see isolation.WORKER_BOOT)
         try:
@@ -89,13 +90,20 @@ class _Worker:
             raise SandboxError(f"sandbox worker failed to start: {e}" + (f": {detail}" if detail else "")) from None
 
     def request(self, payload: dict[str, Any], timeout_s: float, secret: dict | None = None) -> dict[str, Any]:
-        data = _frame(payload) + (_frame(secret) if secret is not None else b"")
+        """The worker's answer to `payload`. Each request carries a new id that the worker echoes: an answer
+        with any other id (one left in the pipe by an earlier request) is never taken for this one's."""
+        self.sent += 1
+        data = _frame({**payload, "id": self.sent}) + (_frame(secret) if secret is not None else b"")
         try:
             self.proc.stdin.write(data)
             self.proc.stdin.flush()
         except (BrokenPipeError, OSError) as e:
             raise WorkerDied(f"sandbox worker is gone ({e})") from None
-        return self._receive(time.monotonic() + timeout_s)
+        resp = self._receive(time.monotonic() + timeout_s)
+        if resp.get("id") != self.sent:
+            raise SandboxError(f"sandbox worker answered request {resp.get('id')!r} when asked request {self.sent}")
+        del resp["id"]
+        return resp
 
     def _receive(self, deadline: float) -> dict[str, Any]:
         (n,) = struct.unpack(">I", self._read(4, deadline))
@@ -296,6 +304,8 @@ class LocalSandbox(Sandbox):
             "compile_timeout_s": lim.compile_timeout_s,
         }
         secret = {"tests": req.checks} if req.checks is not None else None
+        if why := limits_problem(lim):
+            raise SandboxError(why)
         worker = self._idle.get()
         try:
             if worker.broken:
@@ -310,6 +320,9 @@ class LocalSandbox(Sandbox):
         except SandboxError as e:
             worker.broken = True
             return {"status": "sandbox_error", "stderr": str(e)}
+        except BaseException:
+            worker.broken = True  # its answer may still arrive: no later request may read it (or wait behind it)
+            raise
         finally:
             self._idle.put(worker)
         if resp.get("worker_damaged"):

@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from tempering.sandbox.execution import ExecRequest, SandboxLimits
+from tempering.sandbox.execution import ExecRequest, SandboxLimits, limits_problem
 
 LIMIT_FIELDS = {f.name for f in fields(SandboxLimits)}
 
@@ -57,9 +57,14 @@ def request_to_json(req: ExecRequest) -> dict[str, Any]:
 
 
 def request_from_json(data: dict[str, Any]) -> ExecRequest:
+    """The request a client sent; a ValueError (the service's 422) names an unknown or impossible limit
+    before the request goes anywhere near a worker."""
     data = dict(data)
     limits = data.pop("limits", None) or {}
     unknown = set(limits) - LIMIT_FIELDS
     if unknown:
         raise ValueError(f"unknown limit(s) {sorted(unknown)}; valid: {sorted(LIMIT_FIELDS)}")
-    return ExecRequest(limits=SandboxLimits(**limits), **data)
+    req = ExecRequest(limits=SandboxLimits(**limits), **data)
+    if why := limits_problem(req.limits):
+        raise ValueError(why)
+    return req
