@@ -3,13 +3,14 @@
 import json
 import subprocess
 import sys
+from collections import Counter
 
 import pytest
 
 from tempering.agent.monitor import JsonLog
 from tempering.agent.repair import repair
 from tempering.data import load_tasks
-from tempering.data.from_logs import build_tasks, read_records
+from tempering.data.from_logs import MAX_FAILING, build_tasks, read_records
 from tempering.envs import EnvContext
 from tempering.errors import TaskFileError
 from tempering.types import Task, TestCase
@@ -104,3 +105,75 @@ def test_one_input_with_two_expected_values_is_never_written_as_a_test(sandbox, 
     assert [(t.input, t.output) for t in task.tests] == [([9, 7, 8], 8)]
     assert sandbox.run_tests_batch([(task, RIGHT)])[0].all_passed  # a right program can pass what is written
     assert built.dropped == {"one input logged with different expected values, and no reference to decide": 1}
+
+
+GOOD_LINE = json.dumps(user_record(input=[1, 2, 3], expected=2)).encode()
+
+
+@pytest.mark.parametrize("line, message", [
+    (b'{"prompt": "\xff\xfe", "code": "x"}', r"not UTF-8"),
+    (b"[" * 100_000 + b"]" * 100_000, r"nested deeper than 100 levels"),             # JSON's own recursion
+    (GOOD_LINE[:-1] + b', "x": ' + b"[" * 900 + b"]" * 900 + b"}", r"nested deeper"),  # validation's
+    (GOOD_LINE.replace(b'"expected": 2', b'"expected": NaN'), r"NaN is not a JSON value"),
+    (GOOD_LINE.replace(b'"expected": 2', b'"expected": -Infinity'), r"-Infinity is not a JSON value"),
+    (GOOD_LINE.replace(b'"expected": 2', b'"expected": 1e400'), r"1e400 is too large"),
+])
+def test_an_unreadable_line_is_one_error_naming_it(tmp_path, line, message):
+    log = tmp_path / "bad.jsonl"
+    log.write_bytes(GOOD_LINE + b"\n" + line + b"\n")
+    with pytest.raises(TaskFileError, match=rf"bad.jsonl:2: {message}"):
+        read_records([log])
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"entry_point": 5}, "'entry_point' must be a string, not int"),
+    ({"domain": ["d"]}, "'domain' must be a string, not list"),
+    ({"reference": 7}, "'reference' must be a string, not int"),
+    ({"tests": {"a": 1}}, "'tests' must be a list, not dict"),
+    ({"stdin": 3}, "'stdin' must be a string, not int"),
+    ({"code": None}, "'code' must be a string, not NoneType"),
+    ({"input": "abc"}, r"'input' is the call's arguments, a list \(\[\"abc\"\] for one argument\), not str"),
+    ({"input": 5}, r"'input' is the call's arguments, a list \(\[5\] for one argument\), not int"),
+])
+def test_a_field_of_the_wrong_type_is_one_error_naming_the_line(tmp_path, fields, message):
+    """Never a traceback, and never a guess: "input": "abc" is not three arguments 'a', 'b', 'c'."""
+    record = {**user_record(expected=2), **({"input": [3, 1, 2]} if "stdin" not in fields else {}), **fields}
+    log = write(tmp_path / "bad.jsonl", [record])
+    with pytest.raises(TaskFileError, match=rf"bad.jsonl:1: .*{message}"):
+        build_tasks(read_records([log]), sandbox=None)
+
+
+def test_a_wrong_type_in_an_agent_attempt_names_the_field(tmp_path):
+    task = {"id": "m", "domain": "d", "prompt": PROMPT, "entry_point": "median3",
+            "tests": [{"input": [1, 2, 3], "output": 2}]}
+    log = write(tmp_path / "agent.jsonl", [{"event": "attempt", "task": task, "program": 5, "class": "wrong"}])
+    with pytest.raises(TaskFileError, match=r"agent.jsonl:1: .*'program' must be a string, not int"):
+        build_tasks(read_records([log]), sandbox=None)
+    write(log, [{"event": "attempt", "task": {**task, "entry_point": 3}, "program": WRONG}])
+    with pytest.raises(TaskFileError, match=r"agent.jsonl:1: .*Task field entry_point: Input should be a valid string"):
+        build_tasks(read_records([log]), sandbox=None)
+
+
+class Counting:
+    """The sandbox, counting the programs run per task."""
+
+    def __init__(self, sandbox):
+        self.sandbox, self.runs = sandbox, Counter()
+
+    def run_tests_batch(self, items):
+        self.runs.update(task.prompt for task, _ in items)
+        return self.sandbox.run_tests_batch(items)
+
+
+def test_a_requests_failing_programs_are_run_once_each_and_at_most_max_failing(sandbox, tmp_path):
+    """30 distinct failing programs of one request (each logged twice) run 5 at most, plus the reference."""
+    wrong = [f"def median3(a, b, c):\n    return {i} + a - a\n" for i in range(30)]
+    records = [user_record(code=code, input=[30, 31, 32], expected=31, reference=RIGHT) for code in wrong * 2]
+    log = write(tmp_path / "errors.jsonl", records)
+    counted = Counting(sandbox)
+    built = build_tasks(read_records([log]), counted)
+    [task] = built.tasks
+    assert counted.runs == {PROMPT: 1 + MAX_FAILING} and task.metadata["failing_programs"] == wrong[:5]
+    counted = Counting(sandbox)
+    assert len(build_tasks(read_records([log]), counted, max_failing=2).tasks) == 1
+    assert counted.runs == {PROMPT: 3}
