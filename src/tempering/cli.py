@@ -19,10 +19,55 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import NoReturn
 
 from tempering.errors import Preempted, TemperingError
+
+# ------------------------------------------------------------------------ argument checks (every command)
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse whose every complaint is one line `error: ...` and exit 2, like any other bad input."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {self.prog}: {message}\n")
+
+
+def _checked(kind: type, ok: Callable[[float], bool], what: str) -> Callable[[str], float]:
+    """An argparse `type`: `kind(text)` when `ok` holds for it; else the option's one-line error."""
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or not ok(value):
+            raise argparse.ArgumentTypeError(f"expected {what}, not {text!r}")
+        return value
+
+    return parse
+
+
+positive_int = _checked(int, lambda v: v >= 1, "a whole number >= 1")
+non_negative_int = _checked(int, lambda v: v >= 0, "a whole number >= 0")
+positive_float = _checked(float, lambda v: math.isfinite(v) and v > 0, "a finite number > 0")
+non_negative_float = _checked(float, lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0")
+port_number = _checked(int, lambda v: 1 <= v <= 65535, "a port number from 1 to 65535")
+
+
+def k_values(text: str) -> tuple[int, ...]:
+    """`--k 1,5`: the distinct k of pass@k, sorted; each a whole number >= 1."""
+    try:
+        return tuple(sorted({positive_int(k) for k in text.split(",")}))
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers >= 1, not {text!r}") from None
+
+
+# ------------------------------------------------------------------------------------------ commands
 
 
 def _config(args: argparse.Namespace):
@@ -89,10 +134,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     model_dir = resolve_model(args.model)
     tasks = load_tasks(args.tasks)[: args.limit]
-    try:
-        ks = tuple(sorted({int(k) for k in args.k.split(",")}))
-    except ValueError:
-        raise TemperingError(f"--k '{args.k}' is not a comma-separated list of integers") from None
+    ks = args.k
     if max(ks) > args.samples and not args.greedy:
         raise TemperingError(f"--k {max(ks)} needs --samples >= {max(ks)}")
     device = resolve_device(args.device, "--device")
@@ -264,7 +306,7 @@ def cmd_models_prepare(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tempering", description="RL post-training with execution feedback")
+    parser = Parser(prog="tempering", description="RL post-training with execution feedback")
     sub = parser.add_subparsers(dest="command", required=True)
 
     for name, fn, text in (("train", cmd_train, "run (or resume) a recipe: SFT warm-up, RL, evaluation"),
@@ -283,18 +325,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tasks", required=True, help="task file (JSONL, Parquet, datasets directory) or a named set: "
                                                   "humaneval, leetcode-easy, leetcode-medium, leetcode-hard")
     p.add_argument("--instruction", help="code tasks: text put before each prompt (env.options.code_instruction)")
-    p.add_argument("--limit", type=int, help="only the first N tasks")
-    p.add_argument("--samples", type=int, default=1, help="samples per task")
-    p.add_argument("--k", default="1", help="comma-separated k values, e.g. 1,5")
-    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--limit", type=positive_int, help="only the first N tasks")
+    p.add_argument("--samples", type=positive_int, default=1, help="samples per task")
+    p.add_argument("--k", type=k_values, default="1", help="comma-separated k values, e.g. 1,5")
+    p.add_argument("--temperature", type=non_negative_float, default=1.0)
     p.add_argument("--greedy", action="store_true", help="greedy decoding (one sample)")
-    p.add_argument("--max-new-tokens", type=int, default=48)
-    p.add_argument("--turns", type=int, default=1, help="attempts per episode, with feedback between them")
-    p.add_argument("--max-context", type=int, default=1024, help="episodes: context budget in tokens")
+    p.add_argument("--max-new-tokens", type=positive_int, default=48)
+    p.add_argument("--turns", type=positive_int, default=1, help="attempts per episode, with feedback between them")
+    p.add_argument("--max-context", type=positive_int, default=1024, help="episodes: context budget in tokens")
     p.add_argument("--chat-format", default="auto", choices=["auto", "plain", "template"],
                    help="episodes: the format the model was trained with (env.chat_format)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=positive_int, default=2)
     p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda, cuda:1, mps")
     p.add_argument("--compute", default="float32", choices=["float32", "bfloat16", "auto"],
                    help="sampling precision (model.compute): bfloat16 samples from a bf16 copy; auto where faster")
@@ -327,8 +369,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("file")
     p.add_argument("--lang", default="python", choices=["python", "c", "cpp", "javascript", "bash"])
     p.add_argument("--isolation", **isolation)
-    p.add_argument("--timeout", type=float, default=None, help="wall-clock limit in seconds")
-    p.add_argument("--memory-mb", type=int, default=None)
+    p.add_argument("--timeout", type=positive_float, default=None, help="wall-clock limit in seconds")
+    p.add_argument("--memory-mb", type=positive_int, default=None)
     p.add_argument("--stdin", help="file to feed on standard input")
     p.add_argument("--json", action="store_true", help="print the ExecResult as JSON")
     p.set_defaults(fn=cmd_sandbox_run)
@@ -337,15 +379,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_sandbox_doctor)
     p = sandbox.add_parser("serve", help="run the sandbox as an HTTP service")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (loopback by default)")
-    p.add_argument("--port", type=int, default=8080)
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--max-pending", type=int, default=1024, help="executions held at once; more get 429")
-    p.add_argument("--client-pending", type=int, default=256, help="executions one client may hold at once")
-    p.add_argument("--client-concurrency", type=int, default=None,
+    p.add_argument("--port", type=port_number, default=8080)
+    p.add_argument("--workers", type=positive_int, default=2)
+    p.add_argument("--max-pending", type=positive_int, default=1024, help="executions held at once; more get 429")
+    p.add_argument("--client-pending", type=positive_int, default=256, help="executions one client may hold at once")
+    p.add_argument("--client-concurrency", type=positive_int, default=None,
                    help="executions of one client running at once (default: all workers)")
-    p.add_argument("--max-request-mb", type=float, default=16, help="largest request body; more get 413")
-    p.add_argument("--max-timeout-s", type=float, default=60.0, help="cap on a request's time limits")
-    p.add_argument("--max-memory-mb", type=int, default=2048, help="cap on a request's memory limit")
+    p.add_argument("--max-request-mb", type=positive_float, default=16, help="largest request body; more get 413")
+    p.add_argument("--max-timeout-s", type=positive_float, default=60.0, help="cap on a request's time limits")
+    p.add_argument("--max-memory-mb", type=positive_int, default=2048, help="cap on a request's memory limit")
     p.add_argument("--token-file", help="file holding the shared secret clients must send (default: "
                    "$TEMPERING_SANDBOX_TOKEN); required on a non-loopback --host")
     p.add_argument("--isolation", **isolation)

@@ -180,7 +180,7 @@ def cmd_data_from_logs(args: argparse.Namespace) -> int:
         raise TemperingError(f"--heldout-fraction {args.heldout_fraction} is not in [0, 1)")
     records = read_records(args.logs)
     with LocalSandbox(workers=2) as sandbox:
-        built = build_tasks(records, sandbox)
+        built = build_tasks(records, sandbox, max_failing=args.max_failing)
 
     def held(task) -> bool:
         return int(hashlib.sha1(task.id.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF < args.heldout_fraction
@@ -197,6 +197,8 @@ def cmd_data_from_logs(args: argparse.Namespace) -> int:
 
 def add_parsers(sub, data) -> None:
     """The commands' arguments, on the `tempering` parser (`sub`) and its `data` group."""
+    from tempering.cli import non_negative_float, non_negative_int, port_number, positive_int
+
     alert = argparse.ArgumentParser(add_help=False)
     alert.add_argument("--alert-webhook", help="POST an alert (JSON) here when the failure rate crosses the threshold")
     alert.add_argument("--alert-threshold", type=float, default=0.5, help="failure rate that starts an incident")
@@ -205,9 +207,9 @@ def add_parsers(sub, data) -> None:
     model = argparse.ArgumentParser(add_help=False)
     model.add_argument("--chat-format", choices=["auto", "plain", "template"],
                        help="the format the model was trained with (default: its run's env.chat_format, else auto)")
-    model.add_argument("--max-context", type=int, help="prompt + completion budget in tokens")
+    model.add_argument("--max-context", type=positive_int, help="prompt + completion budget in tokens")
     model.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda, cuda:1, mps")
-    model.add_argument("--threads", type=int, default=2)
+    model.add_argument("--threads", type=positive_int, default=2)
     model.add_argument("--compute", default="float32", choices=["float32", "bfloat16", "auto"],
                        help="sampling precision: bfloat16 samples from a bf16 copy of the weights; auto where faster")
 
@@ -218,22 +220,24 @@ def add_parsers(sub, data) -> None:
     p.add_argument("--prompt", help="one task's prompt (or @FILE)")
     p.add_argument("--tests", help="with --prompt: a JSON list of test cases")
     p.add_argument("--entry-point", help="with --prompt: the function the tests call")
-    p.add_argument("--limit", type=int, help="only the first N tasks")
-    p.add_argument("--repairs", type=int, default=3, help="attempts after the first")
+    p.add_argument("--limit", type=positive_int, help="only the first N tasks")
+    p.add_argument("--repairs", type=non_negative_int, default=3, help="attempts after the first")
     p.add_argument("--no-stuck", action="store_true", help="do not stop when the same error repeats")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    p.add_argument("--max-tokens", type=int, default=48, help="most tokens of one attempt")
-    p.add_argument("--feedback-chars", type=int, help="longest feedback (default: the model's run, else 400)")
+    p.add_argument("--temperature", type=non_negative_float, default=0.0, help="0 = greedy")
+    p.add_argument("--max-tokens", type=positive_int, default=48, help="most tokens of one attempt")
+    p.add_argument("--feedback-chars", type=positive_int,
+                   help="longest feedback (default: the model's run, else 400)")
     p.add_argument("--instruction", help="text put before each prompt (default: the model's run)")
     p.add_argument("--model-name", help="URL backends: the model to ask for (default: the server's first)")
     p.add_argument("--tokenizer", help="URL backends: the served model's tokenizer (model/run directory or registry "
                                        "name), which renders the episodes' token prompts")
-    p.add_argument("--concurrency", type=int, default=8, help="URL backends: requests in flight")
+    p.add_argument("--concurrency", type=positive_int, default=8, help="URL backends: requests in flight")
     p.add_argument("--allow-insecure-http", action="store_true",
                    help="URL backends: send the API key over plain http to a host that is not loopback")
     p.add_argument("--log", help="append every attempt to this JSONL file")
     p.add_argument("--out", help="write the summary as JSON here")
-    p.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on 127.0.0.1:PORT while running")
+    p.add_argument("--metrics-port", type=port_number,
+                   help="serve Prometheus /metrics on 127.0.0.1:PORT while running")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(fn=cmd_repair)
 
@@ -258,4 +262,7 @@ def add_parsers(sub, data) -> None:
     p.add_argument("--out", required=True, help="task file to write (JSONL)")
     p.add_argument("--heldout-fraction", type=float, default=0.0,
                    help="also write OUT.heldout.jsonl with this share of the tasks (for evaluation)")
+    p.add_argument("--max-failing", type=positive_int, default=5,
+                   help="distinct failing programs of one request run in the sandbox, the first logged "
+                        "(default: %(default)s)")
     p.set_defaults(fn=cmd_data_from_logs)
