@@ -213,3 +213,13 @@ def test_shipped_recipes_still_load():
 
     for path in sorted(Path("configs").rglob("*.yaml")):
         load_config(path)
+
+
+@pytest.mark.parametrize("override", ["sandbox.timeout_s=.inf", "sandbox.cpu_s=.nan", "algo.lr=nan",
+                                      "train.max_time_s=inf"])
+def test_a_nan_or_infinite_value_is_a_config_error_naming_the_key(override):
+    """A NaN deadline reached the sandbox's wait (an HTTP 500 there, a refused execution here) only at the
+    first step; it is refused when the config loads."""
+    with pytest.raises(ConfigError, match=f"config key '{override.split('=')[0]}'.*finite number") as e:
+        build_config({}, [override])
+    assert "\n" not in str(e.value)

@@ -9,7 +9,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
+    # allow_inf_nan=False: a NaN or infinite value (`sandbox.timeout_s: .nan`) is a config error, not a
+    # failure deep inside the first step that uses it
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True,
+                              allow_inf_nan=False)
 
 
 class RunSection(Section):
