@@ -84,3 +84,43 @@ def test_retention_keeps_newest_and_leftover_tmp_is_ignored(tmp_path, parts):
     assert sorted(p.name for p in tmp_path.glob("step_*")) == ["step_000003", "step_000004"]
     (tmp_path / "step_000009.tmp").mkdir()  # a crash mid-save leaves this behind
     assert ckpt.find_latest(tmp_path)[0].step == 4
+
+
+WRONG_MANIFESTS = {
+    "a list": b"[]",
+    "null": b"null",
+    "a string": b'"files"',
+    "files null": b'{"files": null}',
+    "files a list": b'{"files": ["model/config.json", "optimizer.pt"]}',
+    "an entry not a mapping": b'{"files": {"x": 5}}',
+    "a size that is a string": b'{"files": {"rng.pt": {"size": "12", "sha256": "' + b"0" * 64 + b'"}}}',
+    "no checksum": b'{"files": {"rng.pt": {"size": 12}}}',
+    "no files at all": b'{"files": {}}',
+    "not JSON": b"{'files': ",
+    "not UTF-8": b"\xff\xfe\x00",
+    "no files key": b"{}",
+}
+
+
+@pytest.mark.parametrize("content", WRONG_MANIFESTS.values(), ids=WRONG_MANIFESTS.keys())
+def test_a_manifest_of_any_wrong_shape_is_a_corrupt_checkpoint_named_and_skipped(tmp_path, parts, content):
+    save(tmp_path, 2, parts)
+    c4 = save(tmp_path, 4, parts)
+    (c4.path / "MANIFEST.json").write_bytes(content)
+    notes = []
+    found = ckpt.resume_point(tmp_path, None, log=notes.append)
+    assert found.step == 2
+    [note] = notes
+    assert "checkpoint step_000004 skipped: MANIFEST.json" in note and "\n" not in note
+    with pytest.raises(CheckpointError, match="step_000004.*MANIFEST.json"):
+        ckpt.require(c4.path)
+
+
+def test_a_manifest_that_leaves_out_a_file_every_checkpoint_has_is_corrupt(tmp_path, parts):
+    """A resume loads optimizer.pt, scheduler.pt, rng.pt...: a manifest that lists less describes no checkpoint
+    (verifying only what it lists would pass, and the load would crash)."""
+    c = save(tmp_path, 2, parts)
+    manifest = json.loads((c.path / "MANIFEST.json").read_text())
+    del manifest["files"]["optimizer.pt"]
+    (c.path / "MANIFEST.json").write_text(json.dumps(manifest))
+    assert ckpt.verify(c.path) == "MANIFEST.json does not list 'optimizer.pt' (every checkpoint has it)"

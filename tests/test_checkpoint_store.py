@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM
 from tempering import checkpoint as ckpt
 from tempering.errors import CheckpointError
 from tests.test_checkpoint import parts  # noqa: F401  (fixture)
-from tests.test_e2e import ROOT, kill_after_checkpoint, metrics, stable, tempering
+from tests.test_e2e import ROOT, kill_after_checkpoint, metrics, stable, tempering, train_tiny
 
 
 def snap(step, parts):  # noqa: F811
@@ -99,6 +99,34 @@ def test_a_remote_manifest_naming_a_path_outside_the_checkpoint_is_refused(tmp_p
     notes = []
     assert ckpt.resume_point(tmp_path / "empty", remote, log=notes.append).step == 1
     assert any("step_000002" in n and "outside" in n for n in notes)
+
+
+REMOTE_WRONG_MANIFESTS = {"a list": b"[]", "files null": b'{"files": null}', "files a list": b'{"files": ["rng.pt"]}',
+                          "an entry not a mapping": b'{"files": {"x": 5}}', "not JSON": b"<Error>NoSuchKey</Error>",
+                          "not UTF-8": b"\x89PNG\r\n\x1a\n\xff", "no files at all": b'{"files": {}}'}
+
+
+@pytest.mark.parametrize("store", ["memory", pytest.param("s3", marks=pytest.mark.s3)])
+def test_a_remote_manifest_of_any_wrong_shape_is_named_and_skipped(tmp_path, parts, store, request):  # noqa: F811
+    """A bucket can hold anything under MANIFEST.json: each wrong shape is a corrupt checkpoint (the resume
+    takes the one before), never a traceback."""
+    if store == "s3":
+        endpoint = request.getfixturevalue("s3_server")
+        remote = ckpt.RemoteStore("s3://tempering-ckpt/shapes", {"endpoint_url": endpoint, "key": "test",
+                                  "secret": "test", "region": "us-east-1"}, retries=0, backoff_s=0.01)
+    else:
+        remote = ckpt.RemoteStore("memory://runs/shapes", retries=0, backoff_s=0.01)
+    saver = ckpt.Saver(tmp_path / "local", keep=5, remote=remote, asynchronous=False)
+    for step in (1, 2):
+        saver.save(snap(step, parts))
+    saver.close()
+    for shape, content in REMOTE_WRONG_MANIFESTS.items():
+        remote.fs.pipe_file(remote._path("step_000002", "MANIFEST.json"), content)
+        notes = []
+        got = ckpt.resume_point(tmp_path / "fresh" / shape, remote, log=notes.append)
+        assert got is not None and got.step == 1, shape
+        assert any("remote checkpoint step_000002 skipped: MANIFEST.json" in n for n in notes), (shape, notes)
+        assert not (tmp_path / "fresh" / shape / "step_000002").exists()
 
 
 class Flaky:
@@ -248,3 +276,14 @@ def test_resume_across_an_epoch_boundary_is_exact(tmp_path):
     assert state["sampler"]["epoch"] == 1  # the checkpoint is past the first epoch boundary
     tempering("train", "configs/smoke.yaml", f"run.dir={run_dir}", *extra)
     assert stable(metrics(run_dir)) == stable(metrics(reference))
+
+
+@pytest.mark.slow
+def test_a_wrong_shaped_manifest_is_skipped_on_resume_and_the_run_goes_on(tmp_path):
+    run_dir = tmp_path / "run"
+    train_tiny(run_dir, "train.steps=2")
+    (run_dir / "checkpoints" / "step_000002" / "MANIFEST.json").write_text('{"files": {"config.yaml": 5}}')
+    proc = train_tiny(run_dir, "train.steps=3")
+    assert "checkpoint step_000002 skipped: MANIFEST.json" in proc.stderr and "Traceback" not in proc.stderr
+    assert "resuming from step_000001" in proc.stderr
+    assert [r["step"] for r in metrics(run_dir)] == [1, 2, 3]

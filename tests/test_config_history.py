@@ -83,7 +83,9 @@ def test_without_config_yaml_the_newest_checkpoint_is_compared(tmp_path):
 
     run_dir, _ = _run_dir(tmp_path)
     step = run_dir / "checkpoints" / "step_000002"
-    step.mkdir(parents=True)
+    (step / "model").mkdir(parents=True)
+    for name in ("optimizer.pt", "scheduler.pt", "rng.pt", "model/config.json"):  # (what a checkpoint lists)
+        (step / name).write_text("")
     (step / "config.yaml").write_text((run_dir / "config.yaml").read_text())
     (step / "trainer_state.json").write_text(json.dumps({"step": 2}))
     write_manifest(step)

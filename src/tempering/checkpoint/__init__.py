@@ -23,6 +23,7 @@ from tempering.checkpoint.local import (
     model_dir_of,
     outside_names,
     owner_config,
+    parse_manifest,
     prune,
     require,
     resolve_model,
@@ -40,6 +41,7 @@ from tempering.checkpoint.saver import Saver, resume_point
 
 __all__ = [
     "LATEST", "MANIFEST", "Checkpoint", "RemoteStore", "Saver", "Snapshot", "checkpoint_name", "cpu_copy", "find_latest",
-    "model_dir_of", "outside_names", "owner_config", "prune", "require", "resolve_model", "resume_point", "retained",
-    "rng_state", "save_checkpoint", "set_rng_state", "snapshot", "verify", "write_manifest", "write_snapshot",
+    "model_dir_of", "outside_names", "owner_config", "parse_manifest", "prune", "require", "resolve_model",
+    "resume_point", "retained", "rng_state", "save_checkpoint", "set_rng_state", "snapshot", "verify",
+    "write_manifest", "write_snapshot",
 ]

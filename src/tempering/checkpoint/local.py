@@ -32,6 +32,9 @@ from tempering.models.registry import sha256 as _sha256
 
 MANIFEST = "MANIFEST.json"
 LATEST = "LATEST"
+CORE_FILES = ("config.yaml", "optimizer.pt", "rng.pt", "scheduler.pt", "trainer_state.json", "model/")
+"""What every checkpoint has (`model/`: some file in it): a manifest that does not list one describes no
+checkpoint (a resume would fail loading it, a download would fetch too little)."""
 
 
 def checkpoint_name(step: int) -> str:
@@ -48,17 +51,49 @@ def write_manifest(directory: Path) -> dict[str, Any]:
     return manifest
 
 
+def parse_manifest(data: bytes) -> tuple[dict[str, dict[str, Any]] | None, str | None]:
+    """A manifest's `files` ({relative path: {"size": int, "sha256": hex}}), or (None, what is wrong with it).
+    A manifest is input (a disk can corrupt it, a bucket can hold anything): any other shape is a corrupt
+    checkpoint, never an exception."""
+    try:
+        manifest = json.loads(data)
+    except ValueError:  # also bytes that are not UTF-8
+        return None, "MANIFEST.json is not JSON"
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(files, dict):
+        return None, 'MANIFEST.json has no "files" mapping'
+    if bad := outside_names(files):
+        return None, f"MANIFEST.json names '{bad[0]}', outside the checkpoint directory"
+    for rel, meta in files.items():
+        if not _is_file_entry(meta):
+            return None, f"MANIFEST.json's entry for '{rel}' is not {{\"size\": bytes, \"sha256\": hex digest}}"
+    if missing := [name for name in CORE_FILES if not _lists(files, name)]:
+        return None, f"MANIFEST.json does not list '{missing[0]}' (every checkpoint has it)"
+    return files, None
+
+
+def _lists(files: dict[str, Any], name: str) -> bool:
+    """Whether `files` has `name`, or for a directory name (`model/`), a file in it."""
+    return name in files if not name.endswith("/") else any(rel.startswith(name) for rel in files)
+
+
+def _is_file_entry(meta: Any) -> bool:
+    size, digest = (meta.get("size"), meta.get("sha256")) if isinstance(meta, dict) else (None, None)
+    return (type(size) is int and size >= 0 and isinstance(digest, str) and len(digest) == 64
+            and all(c in "0123456789abcdef" for c in digest))
+
+
 def verify(directory: Path) -> str | None:
     """None if the checkpoint is complete and intact, else what is wrong with it."""
     manifest_path = directory / MANIFEST
     if not manifest_path.is_file():
         return "no MANIFEST.json (the save did not finish)"
     try:
-        files = json.loads(manifest_path.read_text())["files"]
-    except (ValueError, KeyError):
-        return "MANIFEST.json is unreadable"
-    if bad := outside_names(files):
-        return f"MANIFEST.json names '{bad[0]}', outside the checkpoint directory"
+        files, problem = parse_manifest(manifest_path.read_bytes())
+    except OSError as e:
+        return f"MANIFEST.json cannot be read ({e.strerror or e})"
+    if problem:
+        return problem
     for rel, meta in files.items():
         path = directory / rel
         if not path.is_file():

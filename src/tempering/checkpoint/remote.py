@@ -11,7 +11,6 @@ the saver reports without stopping the run (the local copy stays).
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 from collections.abc import Callable
@@ -22,7 +21,7 @@ from tempering.checkpoint.local import (
     LATEST,
     MANIFEST,
     checkpoint_name,
-    outside_names,
+    parse_manifest,
     parse_step,
     retained,
     verify,
@@ -116,19 +115,20 @@ class RemoteStore:
         name = checkpoint_name(step)
         if not self.has_manifest(step):
             return None, "no MANIFEST.json (the upload did not finish)"
-        manifest = json.loads(self.retry("reading a manifest", lambda: self.fs.cat_file(self._path(name, MANIFEST))))
-        if bad := outside_names(manifest.get("files", {})):
-            return None, f"MANIFEST.json names '{bad[0]}', outside the checkpoint directory"
+        data = self.retry("reading a manifest", lambda: self.fs.cat_file(self._path(name, MANIFEST)))
+        files, problem = parse_manifest(data)
+        if problem:
+            return None, problem
         tmp = local_root / f"{name}.download"
         shutil.rmtree(tmp, ignore_errors=True)
-        for rel in manifest.get("files", {}):
+        for rel in files:
             (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
             try:
                 self.retry(f"downloading {name}/{rel}", lambda r=rel: self.fs.get_file(self._path(name, r), str(tmp / r)))
             except CheckpointError as e:
                 shutil.rmtree(tmp, ignore_errors=True)
                 return None, str(e)
-        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
+        (tmp / MANIFEST).write_bytes(data)
         problem = verify(tmp)
         if problem:
             shutil.rmtree(tmp, ignore_errors=True)
