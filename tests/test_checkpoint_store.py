@@ -287,3 +287,22 @@ def test_a_wrong_shaped_manifest_is_skipped_on_resume_and_the_run_goes_on(tmp_pa
     assert "checkpoint step_000002 skipped: MANIFEST.json" in proc.stderr and "Traceback" not in proc.stderr
     assert "resuming from step_000001" in proc.stderr
     assert [r["step"] for r in metrics(run_dir)] == [1, 2, 3]
+
+
+@pytest.mark.slow
+def test_a_resume_that_fails_leaves_config_yaml_and_its_history_untouched(tmp_path):
+    """The newest checkpoint was saved under another algo.lr (its manifest is valid): resuming from it is
+    refused - before config.yaml is rewritten with the new train.steps or the change is recorded."""
+    from tempering.checkpoint import write_manifest
+
+    run_dir = tmp_path / "run"
+    train_tiny(run_dir, "train.steps=2")
+    newest = run_dir / "checkpoints" / "step_000002"
+    (newest / "config.yaml").write_text((newest / "config.yaml").read_text().replace("lr: 0.0001", "lr: 0.0005", 1))
+    write_manifest(newest)
+    before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    proc = train_tiny(run_dir, "train.steps=3", check=False)
+    assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0, proc.stderr
+    assert "checkpoint step_000002" in proc.stderr and "algo.lr 0.0005 -> 0.0001" in proc.stderr
+    assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before
+    assert not (run_dir / "config_history").exists()

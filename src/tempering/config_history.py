@@ -144,20 +144,23 @@ def check_resume(run_dir: Path, cfg: RunConfig, allow: bool) -> ConfigChange | N
     return change
 
 
-def check_checkpoint(run_dir: Path, checkpoint_dir: Path, cfg: RunConfig, allow: bool) -> ConfigChange | None:
+def check_checkpoint(run_dir: Path, checkpoint_dir: Path, cfg: RunConfig, allow: bool,
+                     vetted: str | None = None) -> ConfigChange | None:
     """The same check against the checkpoint a run resumes from (it may come from `checkpoint.uri` into an
-    empty run directory). A checkpoint saved under a config this run directory has recorded - its current
-    config.yaml, vetted by `check_resume`, or one kept in its history - passes. Returns a change still to
-    be recorded (allowed by the flag), else None."""
+    empty run directory). A checkpoint saved under a config this run directory has recorded passes: one kept
+    in its history, or `vetted` - the config `check_resume` compared `cfg` with, before a change to it is
+    recorded (after that, it is in the history). Returns a change still to be recorded (allowed by the
+    flag), else None."""
     where = checkpoint_dir / "config.yaml"
     text = where.read_text()
     change = changes(text, cfg, str(where))
     if change is None or not change.forced:
         return None
     saved = _flat(text, str(where))
-    for old in sorted((run_dir / HISTORY).glob("*.yaml")):
-        if all(is_mutable(k) for k in _diff(_flat(old.read_text(), str(old)), saved)):
-            return None  # saved before a change that was accepted (and recorded) then
+    recorded = [(old.read_text(), str(old)) for old in sorted((run_dir / HISTORY).glob("*.yaml"))]
+    for old_text, old_where in ([(vetted, "the recorded config")] if vetted else []) + recorded:
+        if all(is_mutable(k) for k in _diff(_flat(old_text, old_where), saved)):
+            return None  # saved under a config whose change was accepted (and recorded, or about to be)
     if allow:
         return change
     raise _refusal(run_dir, change, f"checkpoint {checkpoint_dir.name}")

@@ -245,7 +245,7 @@ def rl_stage(ws: Workspace, start: Path, sandbox: Sandbox) -> tuple[Path, int]:
     """RL from the newest checkpoint (or `start`) to `train.steps` or `train.max_time_s`.
     -> (the final checkpoint's model directory, its step)"""
     cfg = ws.cfg
-    state = TrainState.build_or_resume(cfg, ws.run_dir, ws.rl_tasks, start,
+    state = TrainState.build_or_resume(cfg, ws.run_dir, ws.rl_tasks, start, resume=ws.resume,
                                        allow_config_change=ws.allow_config_change, log=ws.log)
     last = state.step
     try:
@@ -273,7 +273,7 @@ def rl_stage(ws: Workspace, start: Path, sandbox: Sandbox) -> tuple[Path, int]:
 def train(cfg: RunConfig, console: Console | None = None, allow_config_change: bool = False) -> dict[str, Any]:
     """The whole recipe; returns summary.json's content."""
     began = time.perf_counter()
-    ws = prepare(cfg, console, allow_config_change)
+    ws = prepare(cfg, console, allow_config_change, resume=True)
     ws.log(f"run directory: {ws.run_dir}  ({len(ws.sft_tasks)} SFT tasks, {len(ws.rl_tasks)} RL tasks, "
            f"{len(ws.heldout_tasks)} held-out)")
     sandbox = make_sandbox(cfg)

@@ -30,6 +30,38 @@ LOOKAHEAD = "lookahead.pt"
 
 
 @dataclass
+class Resume:
+    """Where a run resumes: its checkpoint mirror, the newest valid checkpoint (None: a fresh start), and the
+    config change that checkpoint brings (allowed by --allow-config-change), still to be recorded."""
+
+    remote: ckpt.RemoteStore | None
+    checkpoint: ckpt.Checkpoint | None
+    change: config_history.ConfigChange | None = None
+
+    def record(self, run_dir: Path, allow_config_change: bool, log=print) -> None:
+        if self.change is not None:
+            config_history.record(run_dir, self.change, allow_config_change)
+            log(f"config differs from checkpoint {self.checkpoint.path.name} (accepted with "
+                f"--allow-config-change): {self.change.describe(self.change.forced)}")
+
+
+def find_resume(cfg: RunConfig, run_dir: Path, *, allow_config_change: bool = False, vetted: str | None = None,
+                log=print) -> Resume:
+    """The newest valid checkpoint, local or from `checkpoint.uri` (downloaded into the run directory);
+    partial or corrupt ones are named in the log and skipped. Its config is checked against `cfg`
+    (`config_history.check_checkpoint`; `vetted`: the config `check_resume` compared `cfg` with, not yet
+    recorded): a refusal raises ConfigError. Nothing else in the run directory is written."""
+    c = cfg.checkpoint
+    remote = ckpt.RemoteStore(c.uri, c.storage, retries=c.upload_retries, backoff_s=c.retry_backoff_s,
+                              log=log) if c.uri else None
+    latest = ckpt.resume_point(run_dir / "checkpoints", remote, log)
+    change = None
+    if latest is not None:  # e.g. a checkpoint from `checkpoint.uri`, saved under another config
+        change = config_history.check_checkpoint(run_dir, latest.path, cfg, allow_config_change, vetted=vetted)
+    return Resume(remote, latest, change)
+
+
+@dataclass
 class TrainState:
     policy: torch.nn.Module
     tokenizer: object
@@ -51,18 +83,14 @@ class TrainState:
 
     @classmethod
     def build_or_resume(cls, cfg: RunConfig, run_dir: Path, train_tasks: list[Task], start_model_dir: Path,
-                        *, allow_config_change: bool = False, log=print) -> TrainState:
+                        *, resume: Resume | None = None, allow_config_change: bool = False, log=print) -> TrainState:
+        """`resume`: where to resume, as `find_resume` found it (`workspace.prepare`, before it wrote anything);
+        None: looked up here, and a config change its checkpoint brings recorded."""
         algo, c = cfg.algo, cfg.checkpoint
-        remote = ckpt.RemoteStore(c.uri, c.storage, retries=c.upload_retries, backoff_s=c.retry_backoff_s,
-                                  log=log) if c.uri else None
-        checkpoints = run_dir / "checkpoints"
-        latest = ckpt.resume_point(checkpoints, remote, log)
-        if latest is not None:  # e.g. a checkpoint from `checkpoint.uri`, saved under another config
-            change = config_history.check_checkpoint(run_dir, latest.path, cfg, allow_config_change)
-            if change is not None:
-                config_history.record(run_dir, change, allow_config_change)
-                log(f"config differs from checkpoint {latest.path.name} (accepted with --allow-config-change): "
-                    f"{change.describe(change.forced)}")
+        if resume is None:
+            resume = find_resume(cfg, run_dir, allow_config_change=allow_config_change, log=log)
+            resume.record(run_dir, allow_config_change, log)
+        remote, latest, checkpoints = resume.remote, resume.checkpoint, run_dir / "checkpoints"
         saver = ckpt.Saver(checkpoints, keep=c.keep, keep_every=c.keep_every, remote=remote,
                            asynchronous=c.async_save, log=log)
         model_dir = latest.model_dir if latest else start_model_dir

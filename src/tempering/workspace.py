@@ -2,8 +2,9 @@
 
 `prepare` is where bad input fails - the config (and, on an existing run directory, whether it may differ
 from the recorded one), the model path, task files, a sandbox service that is down, the sandbox's
-interpreter, the checkpoint mirror's scheme - with one line naming the problem, before anything is
-written. Then the run directory, `config.yaml` and the task splits (`data/`).
+interpreter, the checkpoint mirror's scheme, a checkpoint to resume from that was saved under a refused
+config - with one line naming the problem, before anything is written. Then the run directory,
+`config.yaml` and the task splits (`data/`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from tempering.errors import ConfigError, SandboxError
 from tempering.models.loading import check_model_dir, compute_dtype, resolve_device
 from tempering.runtime import configure
 from tempering.sandbox import LocalSandbox, RemoteSandbox, Sandbox, SandboxLimits
+from tempering.state import Resume, find_resume
 from tempering.training.sft import Transcript
 from tempering.training.transcripts import sft_transcripts
 from tempering.types import Task
@@ -52,6 +54,8 @@ class Workspace:
     """`eval.benchmarks`' task sets, evaluated before and after RL."""
     allow_config_change: bool = False
     """`--allow-config-change`: a resumed run may change keys outside `config_history.MUTABLE`."""
+    resume: Resume | None = None
+    """Where RL resumes, found by `prepare(..., resume=True)` before it wrote anything."""
     _transcripts: list[tuple[Task, Transcript]] | None = None
 
     def log(self, message: str) -> None:
@@ -68,11 +72,14 @@ class Workspace:
         return self._transcripts
 
 
-def prepare(cfg: RunConfig, console: Console | None = None, allow_config_change: bool = False) -> Workspace:
+def prepare(cfg: RunConfig, console: Console | None = None, allow_config_change: bool = False,
+            resume: bool = False) -> Workspace:
     """Validate the inputs, then create the run directory and write the resolved config.
 
     On an existing run directory, a config that differs from the recorded one outside
-    `config_history.MUTABLE` is refused unless `allow_config_change`; every change is recorded."""
+    `config_history.MUTABLE` is refused unless `allow_config_change`; every change is recorded. `resume`
+    (`train`): find the checkpoint RL will resume from first (`state.find_resume`), so a checkpoint that
+    cannot be resumed from fails before config.yaml or the history is rewritten."""
     console = console or Console(stderr=True)
     run_dir = Path(cfg.run.dir)
     if run_dir.exists() and not run_dir.is_dir():
@@ -110,6 +117,10 @@ def prepare(cfg: RunConfig, console: Console | None = None, allow_config_change:
         except ValueError as e:
             raise ConfigError(str(e)) from None
     configure(cfg.run.threads)
+    found = None
+    if resume:  # the checkpoint RL resumes from is found (and its config checked) before anything is written
+        found = find_resume(cfg, run_dir, allow_config_change=allow_config_change, log=console.print,
+                            vetted=change.previous_yaml if change is not None else None)
 
     run_dir.mkdir(parents=True, exist_ok=True)
     if change is not None:
@@ -117,13 +128,15 @@ def prepare(cfg: RunConfig, console: Console | None = None, allow_config_change:
         how = "accepted with --allow-config-change" if change.forced else "allowed on resume"
         console.print(f"config changed ({how}): {change.describe()}; previous config kept in "
                       f"{run_dir / entry['previous_config']}")
+    if found is not None:
+        found.record(run_dir, allow_config_change, console.print)
     (run_dir / "config.yaml").write_text(cfg.to_yaml())
     data_dir = run_dir / "data"
     if not (data_dir / "heldout.jsonl").exists():
         save_tasks(train, data_dir / "train.jsonl")
         save_tasks(heldout, data_dir / "heldout.jsonl")
     return Workspace(cfg, run_dir, train, heldout, sft, rl, console, benchmarks,
-                     allow_config_change=allow_config_change)
+                     allow_config_change=allow_config_change, resume=found)
 
 
 START_RECORD = "start.json"
