@@ -215,6 +215,22 @@ def test_more_steps_on_a_finished_run_evaluates_the_new_model(tmp_path):
 
 
 @pytest.mark.slow
+def test_the_same_command_on_a_finished_run_records_no_change_and_rewrites_nothing(tmp_path):
+    """run.device `auto` is resolved (cpu here) before the config is compared with the recorded one."""
+    run_dir = tmp_path / "run"
+    train_tiny(run_dir, "train.steps=2")
+    before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    proc = train_tiny(run_dir, "train.steps=2")
+    assert "config changed" not in proc.stderr
+    assert not (run_dir / "config_history").exists() and "config_changes" not in summary_of(run_dir)
+    after = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    summary = run_dir / "summary.json"  # its wall_time_s is this invocation's
+    assert {p: b for p, b in after.items() if p != summary} == {p: b for p, b in before.items() if p != summary}
+    assert {k: v for k, v in json.loads(before[summary]).items() if k != "wall_time_s"} == {
+        k: v for k, v in summary_of(run_dir).items() if k != "wall_time_s"}
+
+
+@pytest.mark.slow
 def test_a_run_stopped_by_max_time_is_evaluated_again_when_continued(tmp_path):
     run_dir = tmp_path / "run"
     proc = train_tiny(run_dir, "train.steps=3", "train.max_time_s=0.001")

@@ -84,10 +84,11 @@ def prepare(cfg: RunConfig, console: Console | None = None, allow_config_change:
     run_dir = Path(cfg.run.dir)
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(f"run.dir '{run_dir}' exists and is not a directory")
+    # The device first: the recorded config holds the resolved one (`auto` would read as a change every time).
+    cfg.run.device = resolve_device(cfg.run.device)
     change = config_history.check_resume(run_dir, cfg, allow_config_change)
     if cfg.model.path:  # the start model this run recorded when it began, else what the path names now
         check_model_dir(recorded_start(run_dir, cfg.model.path) or resolve_model(cfg.model.path))
-    cfg.run.device = resolve_device(cfg.run.device)
     compute_dtype(cfg.model.compute, cfg.run.device)  # bfloat16 where it is slower: refused now
     check_sandbox_url(cfg)
     _check_outside_inputs(cfg)
