@@ -3,6 +3,8 @@ real S3-compatible server on loopback), resume from the newest valid copy, SIGTE
 
 import json
 import os
+import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -306,3 +308,95 @@ def test_a_resume_that_fails_leaves_config_yaml_and_its_history_untouched(tmp_pa
     assert "checkpoint step_000002" in proc.stderr and "algo.lr 0.0005 -> 0.0001" in proc.stderr
     assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before
     assert not (run_dir / "config_history").exists()
+
+
+# ------------------------------------------------------------------------------------- a full disk (slow)
+
+
+@pytest.fixture()
+def small_disk(tmp_path):
+    """A 32 MiB tmpfs of its own (a tiny run needs about 5), so the test can fill it."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs", str(disk)], capture_output=True,
+                             text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root or CAP_SYS_ADMIN): {mounted.stderr.strip()}")
+    yield disk
+    subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def fill_before_row(monkeypatch, disk, step, leave):
+    """Fill `disk` to `leave` bytes free just before the row of `step` is written, once (checkpoint step - 1
+    is complete: saves are synchronous in these runs)."""
+    from tempering.tracking import Tracker
+
+    log, filled = Tracker.log, []
+
+    def fill_then_log(self, s, metrics):
+        if s == step and not filled:
+            filled.append(s)
+            with open(disk / "filler", "wb") as f:
+                f.truncate(0)
+                left = shutil.disk_usage(disk).free - leave
+                while left > 0:
+                    f.write(b"\0" * min(left, 1 << 20))
+                    left -= 1 << 20
+        return log(self, s, metrics)
+
+    monkeypatch.setattr(Tracker, "log", fill_then_log)
+
+
+def train_here(run_dir) -> int:
+    from tempering.cli import main
+    from tests.test_e2e import TINY
+
+    return main(["train", str(ROOT / "configs" / "smoke.yaml"), f"run.dir={run_dir}", *TINY, "train.steps=4",
+                 "checkpoint.async_save=false"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("leave_kib", [256, 1024], ids=["the model's safetensors fail", "torch.save fails"])
+def test_a_full_disk_fails_each_checkpoint_with_one_warning_and_training_goes_on(small_disk, monkeypatch, capsys,
+                                                                               leave_kib):
+    """Room for rows, none for a checkpoint: steps 3 and 4 are trained and logged, each save says the disk is
+    full (torch alone says "unexpected pos"); the run ends with one line, as the evaluation after RL needs the
+    final checkpoint; LATEST still names step 2, from which the same command finishes the run exactly."""
+    monkeypatch.setenv("COLUMNS", "1000")  # the console's lines unwrapped
+    run_dir, where = small_disk / "run", small_disk / "run" / "checkpoints"
+    fill_before_row(monkeypatch, small_disk, 3, leave=leave_kib << 10)
+    assert train_here(run_dir) == 2
+    err = capsys.readouterr().err
+    warnings = [line for line in err.splitlines() if "not saved" in line and not line.startswith("error:")]
+    assert len(warnings) == 2, err
+    for step, line in zip((3, 4), warnings):
+        assert re.fullmatch(rf"checkpoint step {step} not saved: the disk is full at {re.escape(str(where))} "
+                            r"\([0-9.]+ MiB free\); LATEST still names step_000002", line), line
+    assert "Traceback" not in err and "unexpected pos" not in err
+    [error] = [line for line in err.splitlines() if line.startswith("error:")]
+    assert "the disk is full" in error and "final checkpoint" in error
+    rows = metrics(run_dir)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]  # training went on
+    assert (where / "LATEST").read_text().strip() == "step_000002" and ckpt.verify(where / "step_000002") is None
+    assert not list(where.glob("*.tmp"))  # the half checkpoints gave their space back
+    (small_disk / "filler").unlink()
+    assert train_here(run_dir) == 0
+    assert stable(metrics(run_dir)) == stable(rows)
+
+
+@pytest.mark.slow
+def test_a_full_disk_under_the_metrics_stops_the_run_with_one_error_line(small_disk, monkeypatch, capsys):
+    from tempering.tracking import read_metrics
+
+    run_dir, where = small_disk / "run", small_disk / "run" / "checkpoints"
+    fill_before_row(monkeypatch, small_disk, 3, leave=0)
+    assert train_here(run_dir) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    [error] = [line for line in err.splitlines() if line.startswith("error:")]
+    assert error.startswith(f"error: disk full writing {run_dir}/"), error
+    assert (where / "LATEST").read_text().strip() == "step_000002" and ckpt.verify(where / "step_000002") is None
+    rows = read_metrics(run_dir / "metrics.jsonl")[:2]
+    (small_disk / "filler").unlink()
+    assert train_here(run_dir) == 0
+    assert [r["step"] for r in metrics(run_dir)] == [1, 2, 3, 4] and metrics(run_dir)[:2] == rows

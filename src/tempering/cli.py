@@ -18,6 +18,7 @@ Bad input ends with one line `error: ...` and exit status 2.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import math
 import sys
@@ -448,6 +449,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except TemperingError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a full disk anywhere else (a run's own writes name their file: DiskFullError)
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        print(f"error: disk full{f' writing {e.filename}' if e.filename else ''} ({e.strerror}): make room and run "
+              "the same command again", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -12,6 +12,7 @@ key with its old and new value (summary.json repeats these lines as `config_chan
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -171,13 +172,27 @@ def record(run_dir: Path, change: ConfigChange, allowed_by_flag: bool) -> dict[s
     history = run_dir / HISTORY
     history.mkdir(parents=True, exist_ok=True)
     kept = history / f"{len(list(history.glob('*.yaml'))) + 1:04d}.yaml"
-    kept.write_text(change.previous_yaml)
     entry = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "previous_config": f"{HISTORY}/{kept.name}",
              "forced": change.forced, "allowed_by_flag": allowed_by_flag and bool(change.forced),
              "changed": {k: {"old": old, "new": new} for k, (old, new) in change.changed.items()}}
-    with (history / "changes.jsonl").open("a") as f:
-        f.write(json.dumps(entry, default=str) + "\n")
+    log = history / "changes.jsonl"
+    lines = log.read_text() if log.is_file() else ""
+    _write_whole(kept, change.previous_yaml)  # each file whole or not at all (a full disk, a crash)
+    try:
+        _write_whole(log, lines + json.dumps(entry, default=str) + "\n")
+    except BaseException:
+        kept.unlink(missing_ok=True)
+        raise
     return entry
+
+
+def _write_whole(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def read_history(run_dir: Path) -> list[dict[str, Any]]:

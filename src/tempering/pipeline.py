@@ -28,7 +28,7 @@ from tempering.data import load_tasks
 from tempering.data.difficulty import family_rates, pick_per_family
 from tempering.envs import env_context, make_env
 from tempering.envs.tools import tool_declarations
-from tempering.errors import ConfigError
+from tempering.errors import CheckpointError, ConfigError, DiskFullError
 from tempering.eval.evaluate import evaluate
 from tempering.loop import RLTrainer
 from tempering.models.loading import (
@@ -260,11 +260,22 @@ def rl_stage(ws: Workspace, start: Path, sandbox: Sandbox) -> tuple[Path, int]:
                 tracker.close()
     finally:
         state.saver.close()
-    final = state.saver.root / f"step_{last:06d}"
-    if not final.is_dir():  # e.g. the last save failed: write it now, synchronously
-        state.saver.asynchronous = False
-        state.save(last, cfg.to_yaml())
-    return final / "model", last
+    return final_checkpoint(state, cfg, last) / "model", last
+
+
+def final_checkpoint(state: TrainState, cfg: RunConfig, step: int) -> Path:
+    """The checkpoint of the last step run, which the evaluation after RL loads: when its save failed, it is
+    written now, synchronously - except on a full disk (that does not free itself so soon), where the run
+    stops with one line; the same command resumes from LATEST once there is room."""
+    final, saver = state.saver.root / f"step_{step:06d}", state.saver
+    if not final.is_dir() and not isinstance(saver.last_failure, DiskFullError):
+        saver.asynchronous = False
+        state.save(step, cfg.to_yaml())
+    if not final.is_dir():
+        what = "make room and run" if isinstance(saver.last_failure, DiskFullError) else "fix that and run"
+        raise CheckpointError(f"{saver.errors[-1]}; the evaluation after RL needs this final checkpoint, and "
+                              f"{saver.kept()}: {what} the same command again")
+    return final
 
 
 # ------------------------------------------------------------------------------------------- train

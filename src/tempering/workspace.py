@@ -34,11 +34,18 @@ from tempering.training.transcripts import sft_transcripts
 from tempering.types import Task
 
 
-def write_json(path: Path, data: Any) -> None:
-    """Write `data` as JSON atomically (a crash leaves the old file or the new one, never half of one)."""
+def write_text(path: Path, text: str) -> None:
+    """Write `text` atomically: a crash or a full disk leaves the old file or the new one, never half of one."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_json(path: Path, data: Any) -> None:
+    write_text(path, json.dumps(data, indent=1))
 
 
 @dataclass
@@ -131,7 +138,7 @@ def prepare(cfg: RunConfig, console: Console | None = None, allow_config_change:
                       f"{run_dir / entry['previous_config']}")
     if found is not None:
         found.record(run_dir, allow_config_change, console.print)
-    (run_dir / "config.yaml").write_text(cfg.to_yaml())
+    write_text(run_dir / "config.yaml", cfg.to_yaml())
     data_dir = run_dir / "data"
     if not (data_dir / "heldout.jsonl").exists():
         save_tasks(train, data_dir / "train.jsonl")

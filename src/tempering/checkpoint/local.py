@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from tempering.errors import CheckpointError
+from tempering.errors import CheckpointError, DiskFullError, disk_full, free_bytes
 from tempering.models.lora import adapter_state, is_adapter_dir
 from tempering.models.registry import sha256 as _sha256
 
@@ -202,6 +202,23 @@ def write_snapshot(root: Path, snap: Snapshot, *, keep: int = 2, keep_every: int
     name = checkpoint_name(snap.step)
     tmp, final = root / f"{name}.tmp", root / name
     shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        _write_files(tmp, snap)
+    except Exception as e:
+        full = disk_full(e, tmp)  # asked before the half checkpoint gives its space back
+        shutil.rmtree(tmp, ignore_errors=True)
+        if full:
+            raise DiskFullError(f"the disk is full at {root} ({free_bytes(root) / 2**20:.1f} MiB free)") from e
+        raise
+    if final.exists():  # re-saving a step after a resume: the new copy replaces the old
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    _write_atomic(root / LATEST, name + "\n")
+    prune(root, keep, keep_every, protect)
+    return Checkpoint(final, snap.step)
+
+
+def _write_files(tmp: Path, snap: Snapshot) -> None:
     tmp.mkdir()
     snap.model.save_pretrained(tmp / "model", state_dict=snap.model_state, safe_serialization=True)
     snap.tokenizer.save_pretrained(tmp / "model")
@@ -214,12 +231,6 @@ def write_snapshot(root: Path, snap: Snapshot, *, keep: int = 2, keep_every: int
         snap.extra(tmp)
     write_manifest(tmp)
     _fsync_tree(tmp)
-    if final.exists():  # re-saving a step after a resume: the new copy replaces the old
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    _write_atomic(root / LATEST, name + "\n")
-    prune(root, keep, keep_every, protect)
-    return Checkpoint(final, snap.step)
 
 
 def save_checkpoint(root: Path, step: int, *, model: torch.nn.Module, tokenizer: Any,

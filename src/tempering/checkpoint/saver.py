@@ -14,9 +14,9 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from tempering.checkpoint.local import Checkpoint, Snapshot, find_latest, verify, write_snapshot
+from tempering.checkpoint.local import LATEST, Checkpoint, Snapshot, find_latest, verify, write_snapshot
 from tempering.checkpoint.remote import RemoteStore
-from tempering.errors import CheckpointError
+from tempering.errors import CheckpointError, DiskFullError
 
 
 class Saver:
@@ -25,6 +25,8 @@ class Saver:
         self.root, self.keep, self.keep_every, self.remote = root, keep, keep_every, remote
         self.asynchronous, self.log = asynchronous, log
         self.errors: list[str] = []
+        self.last_failure: Exception | None = None
+        """What the newest failed save raised (a `DiskFullError` when the disk was full)."""
         self._pending: Snapshot | None = None
         self._idle = threading.Condition()
         self._writing = False
@@ -79,11 +81,19 @@ class Saver:
             pinned = frozenset([self._uploading] if self._uploading else [])
             ckpt = write_snapshot(self.root, snap, keep=self.keep, keep_every=self.keep_every, protect=pinned)
         except Exception as e:  # a full disk must not kill the run: report, keep training
-            self.errors.append(f"saving step {snap.step} failed: {type(e).__name__}: {e}")
-            self.log(f"[red]{self.errors[-1]}[/]")
+            self.last_failure = e
+            self.errors.append(f"checkpoint step {snap.step} not saved: {e}" if isinstance(e, DiskFullError)
+                               else f"saving step {snap.step} failed: {type(e).__name__}: {e}")
+            self.log(f"[yellow]{self.errors[-1]}; {self.kept()}[/]")
             return None
         self._upload_wanted.set()
         return ckpt
+
+    def kept(self) -> str:
+        """What a resume would start from now, in words (torch's own writer, on a full disk, says only
+        "unexpected pos": the messages say what is kept)."""
+        latest = self.root / LATEST
+        return f"{LATEST} still names {latest.read_text().strip()}" if latest.is_file() else "no checkpoint is saved yet"
 
     # ---------------------------------------------------------------------------------- uploading
 

@@ -26,6 +26,8 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from tempering.errors import DiskFullError, disk_full
+
 
 @dataclass
 class Timer:
@@ -75,16 +77,19 @@ class Tracker:
     ):
         self.run_dir = run_dir
         self.metrics_path = run_dir / "metrics.jsonl"
+        self.failed = False  # a write failed on a full disk: closing does not raise again
         kept = [r for r in read_metrics(self.metrics_path) if r.get("step", 0) <= start_step]
         tmp = self.metrics_path.with_name("metrics.jsonl.tmp")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        with self._writing(tmp):
+            tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
         tmp.replace(self.metrics_path)
         self._file = self.metrics_path.open("a")
         self.tb = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.tb = SummaryWriter(str(run_dir / "tb"), purge_step=start_step + 1 if start_step else None)
+            with self._writing(run_dir / "tb"):
+                self.tb = SummaryWriter(str(run_dir / "tb"), purge_step=start_step + 1 if start_step else None)
         from tempering.tracking.sinks import MlflowSink, WandbSink
 
         self.sinks = ([WandbSink(run_dir, config or {}, project)] if wandb else []) + (
@@ -104,12 +109,14 @@ class Tracker:
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         row = {"step": step, **{k: _json_float(float(v)) for k, v in metrics.items()}}
-        self._file.write(json.dumps(row) + "\n")
-        self._file.flush()
+        with self._writing(self.metrics_path):
+            self._file.write(json.dumps(row) + "\n")
+            self._file.flush()
         if self.tb is not None:
-            for key, value in metrics.items():
-                if math.isfinite(value):
-                    self.tb.add_scalar(key, value, step)
+            with self._writing(self.run_dir / "tb"):
+                for key, value in metrics.items():
+                    if math.isfinite(value):
+                        self.tb.add_scalar(key, value, step)
         for sink in self.sinks:
             sink.log(step, {k: v for k, v in metrics.items() if math.isfinite(v)})
         self._display(step, metrics)
@@ -131,18 +138,33 @@ class Tracker:
         directory = self.run_dir / "samples"
         directory.mkdir(exist_ok=True)
         path = directory / f"step_{step:06d}.jsonl"
-        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        with self._writing(path):
+            path.write_text("".join(json.dumps(r) + "\n" for r in rows))
         for sink in self.sinks:
             sink.samples(step, rows)
+
+    @contextmanager
+    def _writing(self, path: Path):
+        """A write the run cannot go on without: on a full disk the run ends with one line naming the file
+        (the newest checkpoint stays valid; rows after it are recomputed on resume)."""
+        try:
+            yield
+        except Exception as e:
+            if not disk_full(e, path):
+                raise
+            self.failed = True
+            raise DiskFullError(f"disk full writing {path}: make room and run the same command again "
+                                "(it resumes from the newest checkpoint)") from None
 
     def close(self) -> None:
         if self._progress is not None:
             self._progress.stop()
             self._progress = None
-        if self.tb is not None:
-            self.tb.close()
-            self.tb = None
-        for sink in self.sinks:
-            sink.close()
-        self.sinks = []
-        self._file.close()
+        closers = ([self.tb.close] if self.tb is not None else []) + [s.close for s in self.sinks] + [self._file.close]
+        self.tb, self.sinks = None, []
+        for close in closers:
+            try:
+                close()
+            except Exception:
+                if not self.failed:  # after a full disk, what is left to flush fails again: said once already
+                    raise
