@@ -81,6 +81,7 @@ class RLTrainer:
             if algo.kl_coef > 0 else None
         self.pool = make_pool(cfg, self.source, state.policy, self._probe(), log=log)
         self.pool.publish(state.step, state.policy)
+        self.pool.restore_pending(state.pool_metrics)  # a resumed run's next row: what the checkpoint held back
         self.trainers = None  # data-parallel trainer actors beside this process (rank 0); None: it trains alone
         if cfg.distributed.trainers > 1:
             from tempering.distributed.ray_trainers import TrainerGroup
@@ -314,7 +315,8 @@ class RLTrainer:
             out_of_time = cfg.train.max_time_s is not None and time.monotonic() - began >= cfg.train.max_time_s
             if step % cfg.checkpoint.every == 0 or step == cfg.train.steps or out_of_time or self.stop_signal:
                 start = time.perf_counter()
-                state.save(step, cfg.to_yaml(), lookahead=self.lookahead(step))
+                lookahead = self.lookahead(step)  # gathered now: the pool's figures of that go in the next row
+                state.save(step, cfg.to_yaml(), lookahead=lookahead, pool_metrics=self.pool.pending_metrics())
                 pending_checkpoint_s = time.perf_counter() - start
             if self.stop_signal:
                 state.saver.close()

@@ -80,6 +80,9 @@ class TrainState:
     """Asynchronous rollouts: step -> the finished batch (a `Rollout`) of each step after `step` that was
     sampled before the checkpoint (`rollout.max_staleness` of them); restored so a resumed run trains on
     exactly what an uninterrupted one would."""
+    pool_metrics: dict[str, float] = field(default_factory=dict)
+    """The rollout pool's figures not yet in a row when the checkpoint was taken (gathering the look-ahead
+    batches checks the weight sync: `sync/canary_max_abs_diff`); the next row reports them, resumed or not."""
 
     @classmethod
     def build_or_resume(cls, cfg: RunConfig, run_dir: Path, train_tasks: list[Task], start_model_dir: Path,
@@ -118,14 +121,17 @@ class TrainState:
                 state.critic_optimizer.load_state_dict(torch.load(latest.path / "critic" / "optimizer.pt",
                                                                   map_location="cpu", weights_only=False))
             state.step = latest.step
+            state.pool_metrics = saved.get("pool_metrics", {})
             if (latest.path / LOOKAHEAD).is_file():
                 state.lookahead = torch.load(latest.path / LOOKAHEAD, map_location="cpu", weights_only=False)
             log(f"resuming from {latest.path.name}")
         return state
 
-    def save(self, step: int, config_yaml: str, lookahead: dict | None = None) -> None:
+    def save(self, step: int, config_yaml: str, lookahead: dict | None = None,
+             pool_metrics: dict[str, float] | None = None) -> None:
         """Snapshot the state now (CPU copies); the saver writes (and uploads) it while training goes on.
-        `lookahead`: the finished batches of later steps (asynchronous rollouts), saved with it."""
+        `lookahead`: the finished batches of later steps (asynchronous rollouts), saved with it;
+        `pool_metrics`: the pool's figures that the next row reports."""
         writers = []
         if self.critic is not None:
             critic, optimizer = self.critic, copy.deepcopy(self.critic_optimizer.state_dict())
@@ -146,7 +152,8 @@ class TrainState:
 
         self.saver.save(ckpt.snapshot(
             step, model=self.policy, tokenizer=self.tokenizer, optimizer=self.optimizer, scheduler=self.scheduler,
-            trainer_state={"sampler": self.sampler.state_dict(), "kl": self.kl.state_dict()},
+            trainer_state={"sampler": self.sampler.state_dict(), "kl": self.kl.state_dict(),
+                           **({"pool_metrics": dict(pool_metrics)} if pool_metrics else {})},
             config_yaml=config_yaml, extra=extra if writers else None))
 
 

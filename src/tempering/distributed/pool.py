@@ -1,7 +1,9 @@
 """Where shards run. A pool takes the weights of each version (`publish`), shards to run (`submit`, returns
-a ticket at once) and gives their results back in shard order (`gather`). `LocalPool` runs them in this
-process with the trainer's own weights - the reference every other backend must equal; `ray_pool.RayPool`
-runs them on rollout-worker actors."""
+a ticket at once) and gives their results back in shard order (`gather`); `metrics` are its figures for a
+step's row, `pending_metrics` those gathered since (a checkpoint keeps them for the next row, which a
+resumed run reports too: `restore_pending`). `LocalPool` runs them in this process with the trainer's own
+weights - the reference every other backend must equal; `ray_pool.RayPool` runs them on rollout-worker
+actors."""
 
 from __future__ import annotations
 
@@ -20,6 +22,8 @@ class Pool(Protocol):
     def submit(self, specs: list[ShardSpec]) -> object: ...
     def gather(self, ticket: object) -> Rollout: ...
     def metrics(self) -> dict[str, float]: ...
+    def pending_metrics(self) -> dict[str, float]: ...
+    def restore_pending(self, figures: dict[str, float]) -> None: ...
     def close(self) -> None: ...
 
 
@@ -42,6 +46,12 @@ class LocalPool:
 
     def metrics(self) -> dict[str, float]:
         return {}
+
+    def pending_metrics(self) -> dict[str, float]:
+        return {}
+
+    def restore_pending(self, figures: dict[str, float]) -> None:
+        pass
 
     def close(self) -> None:
         pass

@@ -153,6 +153,10 @@ class RayPool:
         self.failure: BaseException | None = None
         for _ in range(ro.workers):
             self._add_worker()
+        # The first step waits for the workers anyway; waiting here, before the dispatcher sends anything, lets
+        # a run's first steps - a resumed run's too - find the pool as later ones do (the same dist/backlog).
+        if self.starting:
+            ray.wait(self.starting, num_returns=len(self.starting), timeout=300)
         self.dispatcher = threading.Thread(target=self._dispatch, name="ray-dispatch", daemon=True)
         self.dispatcher.start()
 
@@ -308,6 +312,19 @@ class RayPool:
                    "dist/shard_retries": 0.0, "dist/sandbox_retries": 0.0, "dist/scale_ups": 0.0, "dist/scale_downs": 0.0, **self.step_metrics}
             self.step_metrics = {}
         return out
+
+    def pending_metrics(self) -> dict[str, float]:
+        """The figures `metrics` would report next (gathered since the last row), left in place."""
+        with self.lock:
+            return dict(self.step_metrics)
+
+    def restore_pending(self, figures: dict[str, float]) -> None:
+        with self.lock:
+            for key, value in figures.items():
+                if key == "sync/canary_max_abs_diff":
+                    self.step_metrics[key] = max(self.step_metrics.get(key, 0.0), value)
+                else:
+                    self._add(key, value)
 
     def _add(self, key: str, value: float) -> None:
         self.step_metrics[key] = self.step_metrics.get(key, 0.0) + value
