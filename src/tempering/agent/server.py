@@ -231,7 +231,8 @@ def create_app(chat: LocalModel, *, token: str | None = None, log_path: str | No
 
     async def admitted(request: Request, body: SamplingRequest, chars: int, top: int | None,
                        tokenize: Callable[[], list[int]]) -> list[Job]:
-        """Checked, admitted (429 past the caps) and tokenized (off the event loop): the request's jobs."""
+        """Checked, admitted (429 past the caps) and tokenized (off the event loop): the request's jobs, not
+        submitted yet - `answer` submits them once it listens to them."""
         stop = check(body, chars, top)
         client = request.client.host if request.client else "?"
         try:
@@ -255,13 +256,14 @@ def create_app(chat: LocalModel, *, token: str | None = None, log_path: str | No
                     seed=(seed + i) % (1 << 64), stop=stop, logprobs=top, client=client) for i in range(body.n)]
         for job in jobs:  # each gives its room back when the engine is done with it (or it was cancelled)
             job.done.add_done_callback(lambda _, c=client: admission.leave(c, 1))
-            job.submit(engine)
         return jobs
 
     async def answer(request: Request, body: SamplingRequest, jobs: list[Job], shape: Callable[[list[Job]], dict],
                      chunk: Callable[[int, str | None, list[TokenLogprob], str | None], dict]):
         loop = asyncio.get_running_loop()
         if not body.stream:
+            for job in jobs:
+                job.submit(engine)
             everything = asyncio.gather(*(_on_loop(j.done, loop) for j in jobs))
             gone = asyncio.ensure_future(_disconnected(request))
             await asyncio.wait({everything, gone}, return_when=asyncio.FIRST_COMPLETED)
@@ -279,6 +281,7 @@ def create_app(chat: LocalModel, *, token: str | None = None, log_path: str | No
         for i, job in enumerate(jobs):
             job.listen(lambda delta, entries, i=i: loop.call_soon_threadsafe(events.put_nowait, (i, delta, entries)))
             job.done.add_done_callback(lambda _, i=i: loop.call_soon_threadsafe(events.put_nowait, (i, None, None)))
+            job.submit(engine)  # only now: a job can be done before `submit` returns, its text unheard
         usage = bool((body.stream_options or {}).get("include_usage"))
 
         async def stream():

@@ -50,7 +50,8 @@ class Job:
         self._tokenizer = None
 
     def listen(self, listener: Callable[[str, list[TokenLogprob]], None]) -> None:
-        """Hear (text delta, log-prob entries since the last call) as the text becomes final."""
+        """Hear (text delta, log-prob entries since the last call) as the text becomes final. Listen before
+        `submit`: a short job can be done before `submit` returns, and nothing is told twice."""
         self._listener = listener
 
     def cancel(self) -> None:
