@@ -113,6 +113,30 @@ def test_bad_requests_get_openai_errors(client):
         client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], temperature=5)
 
 
+def openai_error(response: httpx.Response, status: int) -> dict:
+    """The response's error, checked to be OpenAI's shape: message, type, param, and a code that is a string
+    or null (OpenAI's client reads `code` as a string)."""
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and isinstance(error["message"], str), error
+    assert error["code"] is None or isinstance(error["code"], str), error
+    return error
+
+
+def test_every_error_is_openai_shaped(server):
+    url, _ = server
+    ask = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
+    assert "Invalid URL" in openai_error(httpx.post(f"{url}/v1/embeddings", json=ask), 404)["message"]
+    assert openai_error(httpx.post(f"{url}/v1/chat/completions", json={**ask, "model": "gpt-4"}), 404)["code"] == \
+        "model_not_found"
+    wrong = httpx.get(f"{url}/v1/chat/completions")
+    assert "POST" in wrong.headers["allow"] and "not allowed" in openai_error(wrong, 405)["message"]
+    huge = httpx.post(f"{url}/v1/completions", content=b"x" * (3 << 20), headers={"content-type": "application/json"})
+    assert "over" in openai_error(huge, 413)["message"]
+    assert openai_error(httpx.post(f"{url}/v1/chat/completions", json={**ask, "max_tokens": 0}), 400)["param"] == \
+        "max_tokens"
+
+
 def test_stop_strings_cut_the_text_also_while_streaming(client):
     prompt = [{"role": "user", "content": "def add(a, b):\n"}]
     whole = client.chat.completions.create(model="tiny", messages=prompt, max_tokens=24, temperature=0)
@@ -228,6 +252,8 @@ def test_off_loopback_needs_a_token_and_a_token_is_enforced(tiny_model_dir):
     try:
         with pytest.raises(openai.AuthenticationError):
             openai.OpenAI(base_url=f"{url}/v1", api_key="wrong", max_retries=0).models.list()
+        refused = openai_error(httpx.get(f"{url}/v1/models", headers={"Authorization": "Bearer wrong"}), 401)
+        assert refused["code"] == "invalid_api_key"
         with pytest.raises(TemperingError, match="refused the API key"):
             make_engine(f"{url}/v1", None, kind="http", api_key="wrong")
         assert openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0).models.list().data[0].id == "tiny"

@@ -24,7 +24,8 @@ running one leaves its batch at the next decode step (`serving.py`).
 
 Exposure: loopback by default; any other address needs a token ($TEMPERING_SERVE_TOKEN or --token-file),
 which clients send as their API key (`Authorization: Bearer ...`); the sandbox service's guard checks it
-and caps request bodies. Errors are OpenAI's JSON shape ({"error": {"message", "type", "code"}}).
+and caps request bodies. Every error is OpenAI's JSON shape ({"error": {"message", "type", "param", "code"}},
+`code` a string or null), its own (401, 413, 429) as well as an unknown path (404) or method (405).
 
 (No `from __future__ import annotations` here: FastAPI reads the endpoints' annotations at run time.)
 """
@@ -43,6 +44,7 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tempering.agent.backends import LocalModel
 from tempering.agent.monitor import AlertRule, JsonLog, Metrics
@@ -81,15 +83,25 @@ class Refused(Exception):
     """A request answered with an OpenAI-shaped error before any generation."""
 
     def __init__(self, status: int, message: str, code: str | None = None, kind: str = "invalid_request_error",
-                 headers: dict[str, str] | None = None):
+                 headers: dict[str, str] | None = None, param: str | None = None):
         super().__init__(message)
         self.status, self.message, self.code, self.kind, self.headers = status, message, code, kind, headers
+        self.param = param
+
+
+def _error_body(message: str, kind: str = "invalid_request_error", code: str | None = None,
+                param: str | None = None) -> dict:
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
 def _error(status: int, message: str, kind: str = "invalid_request_error", code: str | None = None,
-           headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": kind, "code": code or status}}, status_code=status,
-                        headers=headers)
+           headers: dict[str, str] | None = None, param: str | None = None) -> JSONResponse:
+    return JSONResponse(_error_body(message, kind, code, param), status_code=status, headers=headers)
+
+
+def _guard_error(status: int, detail: str) -> dict:
+    """The body of the guard's own refusals (401: no or a wrong API key; 413: the body is too large)."""
+    return _error_body(detail, code="invalid_api_key" if status == 401 else None)
 
 
 class Gate:
@@ -186,12 +198,19 @@ def create_app(chat: LocalModel, *, token: str | None = None, log_path: str | No
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0] if exc.errors() else {}
-        where = ".".join(str(x) for x in first.get("loc", ())[1:]) or "body"
-        return _error(400, f"{where}: {first.get('msg', 'invalid request')}")
+        where = ".".join(str(x) for x in first.get("loc", ())[1:]) or None
+        return _error(400, f"{where or 'body'}: {first.get('msg', 'invalid request')}", param=where)
 
     @app.exception_handler(Refused)
     async def refused(request: Request, exc: Refused) -> JSONResponse:
-        return _error(exc.status, exc.message, exc.kind, exc.code, exc.headers)
+        return _error(exc.status, exc.message, exc.kind, exc.code, exc.headers, exc.param)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def no_route(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        """An unknown path (404) or method (405), as OpenAI words it."""
+        where = f"{request.method} {request.url.path}"
+        message = {404: f"Invalid URL ({where})", 405: f"method not allowed ({where})"}
+        return _error(exc.status_code, message.get(exc.status_code, str(exc.detail)), headers=exc.headers)
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
@@ -210,17 +229,17 @@ def create_app(chat: LocalModel, *, token: str | None = None, log_path: str | No
         """Everything that can be refused before tokenizing; returns the stop strings."""
         if body.model not in (None, chat.name):
             raise Refused(404, f"model '{body.model}' is not served here; this server serves '{chat.name}'",
-                          kind="not_found_error")
+                          code="model_not_found", param="model")
         if (field := unsupported(body)) is not None:
             raise Refused(400, f"'{field}' is not supported by this server (it would change the output)",
-                          code="unsupported_parameter")
+                          code="unsupported_parameter", param=field)
         if body.n > limits.max_n:
-            raise Refused(400, f"n: at most {limits.max_n} choices per request")
+            raise Refused(400, f"n: at most {limits.max_n} choices per request", param="n")
         wanted = body.max_completion_tokens or body.max_tokens or 0
         if wanted > max_tokens_cap:
-            raise Refused(400, f"max_tokens: at most {max_tokens_cap} here")
+            raise Refused(400, f"max_tokens: at most {max_tokens_cap} here", param="max_tokens")
         if top is not None and top > limits.max_top_logprobs:
-            raise Refused(400, f"top_logprobs: at most {limits.max_top_logprobs} here")
+            raise Refused(400, f"top_logprobs: at most {limits.max_top_logprobs} here", param="top_logprobs")
         stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
         if len(stop) > 4:
             raise Refused(400, "stop: at most 4 sequences")
@@ -398,7 +417,8 @@ def create_app(chat: LocalModel, *, token: str | None = None, log_path: str | No
 
         return await answer(request, body, jobs, shape, chunk)
 
-    return Guard(Observe(Gate(app, admission), metrics, JsonLog(log_path), alert), token, limits.max_request_bytes)
+    return Guard(Observe(Gate(app, admission), metrics, JsonLog(log_path), alert), token, limits.max_request_bytes,
+                 error=_guard_error)
 
 
 def check_exposure(host: str, token: str | None) -> None:

@@ -7,6 +7,7 @@ annotations` here: FastAPI reads the endpoints' annotations at run time.)
 import hmac
 import json
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, replace
 from typing import Any
@@ -88,19 +89,22 @@ class ClientSlots:
 class Guard:
     """ASGI middleware: the token (401), then the body size (413), before the app sees the request."""
 
-    def __init__(self, app, token: str | None, max_bytes: int):
+    def __init__(self, app, token: str | None, max_bytes: int,
+                 error: Callable[[int, str], dict] = lambda status, detail: {"detail": detail}):
         self.app, self.token, self.max_bytes = app, token, max_bytes
+        self.error = error
+        """The body of a refusal, from its status and message (`tempering serve`: OpenAI's shape)."""
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers = dict(scope.get("headers") or [])
         if self.token is not None and not self._authorized(scope, headers):
-            return await _reply(send, 401, "missing or wrong token: send 'Authorization: Bearer <token>'",
-                                [(b"www-authenticate", b"Bearer")])
+            why = "missing or wrong token: send 'Authorization: Bearer <token>'"
+            return await _reply(send, 401, self.error(401, why), [(b"www-authenticate", b"Bearer")])
         declared = headers.get(b"content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > self.max_bytes):
-            return await _reply(send, 413, f"request body over {self.max_bytes} bytes")
+            return await _reply(send, 413, self.error(413, f"request body over {self.max_bytes} bytes"))
         body, more = bytearray(), True
         while more:
             message = await receive()
@@ -109,7 +113,7 @@ class Guard:
             body += message.get("body", b"")
             more = message.get("more_body", False)
             if len(body) > self.max_bytes:
-                return await _reply(send, 413, f"request body over {self.max_bytes} bytes")
+                return await _reply(send, 413, self.error(413, f"request body over {self.max_bytes} bytes"))
         delivered = False
 
         async def replay():
@@ -130,8 +134,8 @@ class Guard:
         return hmac.compare_digest(given.encode(), self.token.encode())
 
 
-async def _reply(send, status: int, detail: str, headers: list | None = None) -> None:
-    body = json.dumps({"detail": detail}).encode()
+async def _reply(send, status: int, content: dict, headers: list | None = None) -> None:
+    body = json.dumps(content).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                             *(headers or [])]})
