@@ -2,7 +2,7 @@
 queue and per-client caps answer 429, a client that hangs up frees its row at the next decode step, a
 queued request whose client left never runs, a huge prompt is refused before it is tokenized, and
 tokenizing happens off the event loop. At full speed: a stream whose completion is done before the server
-listens still has its text."""
+listens still has its text, and one client's long stop strings do not slow the others."""
 
 import json
 import socket
@@ -175,9 +175,11 @@ def test_caps_on_n_max_tokens_and_top_logprobs_are_openai_400s(serve):
     url, _, chat = serve(ServeLimits(max_n=2))
     for extra, message in [({"n": 3}, "n: at most 2"), ({"max_tokens": 10_000}, "max_tokens: at most"),
                            ({"logprobs": True, "top_logprobs": 6}, "top_logprobs: at most 5"),
-                           ({"stop": ["a", "b", "c", "d", "e"]}, "stop: at most 4")]:
+                           ({"stop": ["a", "b", "c", "d", "e"]}, "stop: at most 4"),
+                           ({"stop": ["\n", "x" * 1025]}, "stop: each sequence at most 1024 characters")]:
         r = httpx.post(f"{url}/v1/chat/completions", json=body(**extra))
         assert r.status_code == 400 and message in r.json()["error"]["message"], (extra, r.text)
+        assert r.json()["error"]["param"] == message.split(":")[0] and r.json()["error"]["code"] is None
 
 
 def stream_text(http: httpx.Client, path: str, payload: dict) -> str:
@@ -213,3 +215,33 @@ def test_a_completion_done_before_its_stream_listens_still_streams_its_text(serv
         lost = [asks[k % len(asks)] for k in range(200)
                 if stream_text(http, *asks[k % len(asks)]) != whole[k % len(asks)]]
     assert not lost, f"{len(lost)} of 200 streams lost text: {lost[:3]}"
+
+
+def test_one_clients_long_stop_strings_leave_anothers_latency_alone(serve):
+    """Stop strings past the cap (1024 characters) are a 400. At the cap: a streamed request with 4 of
+    them, made of its own text (so that all of it is held back as a possible beginning of one), runs
+    alongside small requests, which take about as long as beside the same request without stops. (Trying
+    every prefix on every token, one 600,000-character stop took another client's 4-token request from
+    0.07 s to 15 s.)"""
+    url, _, _ = serve(step_s=0)
+    over = httpx.post(f"{url}/v1/chat/completions", json=body(max_tokens=4, stop="x" * 1025))
+    assert over.status_code == 400 and over.json()["error"]["param"] == "stop"
+    long = body(max_tokens=120, temperature=0)
+    text = httpx.post(f"{url}/v1/chat/completions", json=long, timeout=30).json()["choices"][0]["message"]["content"]
+    assert len(text) >= 40
+    stops = [(text * (1024 // len(text) + 1))[:1023] + end for end in "\x00\x01\x02\x03"]
+
+    def small_latency(beside: dict) -> float:
+        with httpx.Client(base_url=url, timeout=30) as http, ThreadPoolExecutor(1) as pool:
+            running = pool.submit(stream_text, http, "/v1/chat/completions", beside)
+            times = []
+            for _ in range(7):
+                started = time.perf_counter()
+                assert http.post("/v1/chat/completions", json=body(max_tokens=4)).status_code == 200
+                times.append(time.perf_counter() - started)
+            assert running.result() == text
+        return sorted(times)[len(times) // 2]
+
+    small_latency(long)  # warm-up
+    plain, stopped = small_latency(long), small_latency({**long, "stop": stops})
+    assert stopped < 3 * plain + 0.05, (plain, stopped)

@@ -17,10 +17,10 @@ other than text, `echo`, ... - is a 400 naming it, never silently ignored.
 
 Admission (`ServeLimits`): past `max_pending` requests in all, or `client_pending` of one client (by
 address), a request gets 429 with Retry-After before its prompt is even tokenized; `n`, `max_tokens`,
-`top_logprobs` and the prompt have caps (an OpenAI-shaped 400). The prompt's length is checked cheaply
-(characters) before it is tokenized, and tokenizing runs off the event loop, so a huge prompt cannot stall
-the server. A client that hangs up - streaming or not - cancels its request: a queued one never runs, a
-running one leaves its batch at the next decode step (`serving.py`).
+`top_logprobs`, the stop strings and the prompt have caps (an OpenAI-shaped 400). The prompt's length is
+checked cheaply (characters) before it is tokenized, and tokenizing runs off the event loop, so a huge
+prompt cannot stall the server. A client that hangs up - streaming or not - cancels its request: a queued
+one never runs, a running one leaves its batch at the next decode step (`serving.py`).
 
 Exposure: loopback by default; any other address needs a token ($TEMPERING_SERVE_TOKEN or --token-file),
 which clients send as their API key (`Authorization: Bearer ...`); the sandbox service's guard checks it
@@ -73,6 +73,8 @@ class ServeLimits:
     max_tokens: int | None = None
     """Most new tokens a request may ask for (None: the model's context)."""
     max_top_logprobs: int = 5
+    max_stop_chars: int = 1024
+    """Longest stop string in characters (OpenAI takes up to 4 stop strings a request)."""
     chars_per_token: int = 16
     """A prompt of more characters than the context times this is refused before it is tokenized."""
     max_request_bytes: int = 2 << 20
@@ -242,7 +244,10 @@ def create_app(chat: LocalModel, *, token: str | None = None, log_path: str | No
             raise Refused(400, f"top_logprobs: at most {limits.max_top_logprobs} here", param="top_logprobs")
         stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
         if len(stop) > 4:
-            raise Refused(400, "stop: at most 4 sequences")
+            raise Refused(400, "stop: at most 4 sequences", param="stop")
+        if (longest := max(map(len, stop), default=0)) > limits.max_stop_chars:
+            raise Refused(400, f"stop: each sequence at most {limits.max_stop_chars} characters here (one has "
+                               f"{longest})", param="stop")
         if chars > chat.max_context * limits.chars_per_token:
             raise Refused(400, f"the prompt is {chars} characters, more than this model's context of "
                                f"{chat.max_context} tokens can hold", code="context_length_exceeded")

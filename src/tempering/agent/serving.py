@@ -5,12 +5,14 @@ seed, stop strings, how many alternatives' log-probs to report), submitted to th
 (`rollout.scheduler.Request`) whose token callback is the job's: the job collects the tokens and their
 log-probs, decodes the text incrementally, cuts it at the first stop string (which ends the row), and
 tells a streaming listener the text as it becomes final - text that might still turn out to begin a stop
-string is held back until it cannot. The engine batches continuously: a job joins the running rows at the
-next decode step, and leaves as soon as it is done or cancelled (`Job.cancel`, when its client hangs up).
+string is held back until it cannot (`StopScan`, linear in the text whatever the stop strings' lengths).
+The engine batches continuously: a job joins the running rows at the next decode step, and leaves as soon
+as it is done or cancelled (`Job.cancel`, when its client hangs up).
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -47,6 +49,7 @@ class Job:
         self._reported = 0       # entries of `token_logprobs` a listener has heard
         self._decoded = (0, 0)   # (prefix, read) offsets of the incremental decoder
         self._stops: set[int] = set()
+        self._scan = StopScan(self.stop) if self.stop else None
         self._tokenizer = None
 
     def listen(self, listener: Callable[[str, list[TokenLogprob]], None]) -> None:
@@ -85,10 +88,8 @@ class Job:
             self.token_logprobs.append(TokenLogprob(token, float(sampled.raw[row]), sampled.top[row][: self.logprobs]))
         if self._listener is None and not self.stop:
             return False  # nobody reads the text before the end: it is decoded once then
-        seen = len(self.text)
         self._decode()
-        if self.stop and self._cut_at_stop(seen):
-            self.finish_reason = "stop"
+        if self._scan is not None and self._cut_at_stop():
             return True
         self._tell(final=False)
         return False
@@ -117,24 +118,75 @@ class Job:
             self.text += now[len(before):]
             self._decoded = (read, len(self.ids))
 
-    def _cut_at_stop(self, seen: int) -> bool:
-        """Cut the text at the first stop string (it is not part of the answer); True when one was found.
-        Only a stop string that ends in the new text (after the first `seen` characters) can be new."""
-        start = max(0, seen - max(map(len, self.stop)) + 1)
-        hits = [i for i in (self.text.find(s, start) for s in self.stop) if i >= 0]
-        if not hits:
+    def _cut_at_stop(self) -> bool:
+        """Cut the text at the first stop string (it is not part of the answer) and finish with `stop`; True
+        when one was found."""
+        cut = self._scan.feed(self.text)
+        if cut is None:
             return False
-        self.text = self.text[: min(hits)]
+        self.text, self.finish_reason = self.text[:cut], "stop"
         return True
 
     def _tell(self, final: bool) -> None:
         if self._listener is None:
             return
         end = len(self.text)
-        if not final:  # hold back a tail that could still become a stop string
-            end -= max((k for s in self.stop for k in range(len(s) - 1, 0, -1) if self.text.endswith(s[:k])),
-                       default=0)
+        if not final and self._scan is not None:  # hold back a tail that could still become a stop string
+            end -= self._scan.held
         delta, entries = self.text[self._sent: end], self.token_logprobs[self._reported:]
         if delta or entries:
             self._sent, self._reported = max(self._sent, end), len(self.token_logprobs)
             self._listener(delta, entries)
+
+
+class StopScan:
+    """Where the first of a few stop strings begins in a text that grows at its end, and how much of the
+    text's end could still begin one (what a stream holds back). Knuth-Morris-Pratt: per stop string, the
+    automaton's state - the longest of its prefixes that the text ends with - advances over each new
+    character once, O(1) a character amortized whatever the stop strings' lengths. (Trying every prefix of
+    every stop string on every token was O(L^2) a token: one 600,000-character stop stalled the engine,
+    and every client with it, for seconds.)"""
+
+    def __init__(self, stops: list[str]):
+        self.stops, self.fallbacks = stops, [_fallback(s) for s in stops]
+        self.states = [0] * len(stops)
+        self.scanned = 0  # characters of the text seen so far
+
+    @property
+    def held(self) -> int:
+        """Characters at the text's end that could still begin a stop string."""
+        return max(self.states)
+
+    def feed(self, text: str) -> int | None:
+        """Advance over what `text` has past the characters seen so far; where the first stop string found
+        begins (the earliest-beginning one where several end in the new text), or None."""
+        first, new, start = None, text[self.scanned:], self.scanned
+        for j, (stop, fallback) in enumerate(zip(self.stops, self.fallbacks)):
+            k = self.states[j]
+            for i, c in enumerate(new):
+                while k and stop[k] != c:
+                    k = fallback[k - 1]
+                if stop[k] == c:
+                    k += 1
+                    if k == len(stop):
+                        begin = start + i + 1 - k
+                        first = begin if first is None else min(first, begin)
+                        break
+            self.states[j] = k
+        self.scanned = len(text)
+        return first
+
+
+@functools.lru_cache(maxsize=64)  # a request's n choices (and a client's repeated requests) share one
+def _fallback(stop: str) -> tuple[int, ...]:
+    """KMP's failure function: entry i is the length of the longest proper prefix of stop[: i + 1] that
+    is also a suffix of it."""
+    table, k = [0] * len(stop), 0
+    for i in range(1, len(stop)):
+        while k and stop[i] != stop[k]:
+            k = table[k - 1]
+        if stop[i] == stop[k]:
+            k += 1
+        table[i] = k
+    return tuple(table)
+
