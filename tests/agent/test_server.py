@@ -137,6 +137,29 @@ def test_every_error_is_openai_shaped(server):
         "max_tokens"
 
 
+def test_null_is_the_default(client):
+    """As at OpenAI: `"temperature": null` samples at 1, `"n": null` is one choice, and so on."""
+    prompt = [{"role": "user", "content": "def add(a, b):\n"}]
+    ok = client.chat.completions.create(model="tiny", messages=prompt, max_tokens=4, temperature=None, n=None,
+                                        top_p=None, stream=None, stop=None, seed=3, extra_body={"logprobs": None})
+    default = client.chat.completions.create(model="tiny", messages=prompt, max_tokens=4, seed=3)
+    assert [c.message.content for c in ok.choices] == [c.message.content for c in default.choices]
+    nulls = {"temperature": None, "n": None, "top_p": None, "return_token_ids": None}
+    assert len(client.completions.create(model="tiny", prompt="x", max_tokens=2, extra_body=nulls).choices) == 1
+
+
+def test_a_content_part_that_is_not_text_is_refused_by_name(client):
+    prompt = [{"role": "user", "content": "def add(a, b):\n"}]
+    parts = [{"type": "text", "text": "what is this?"}, {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]
+    with pytest.raises(openai.BadRequestError, match=r"messages\[0\]\.content\[1\]: a part of type 'image_url'"):
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": parts}], max_tokens=2)
+    texts = [{"type": "text", "text": "def add(a, b):"}, {"type": "text", "text": "\n"}]
+    joined = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": texts}],
+                                            max_tokens=8, temperature=0)
+    plain = client.chat.completions.create(model="tiny", messages=prompt, max_tokens=8, temperature=0)
+    assert joined.choices[0].message.content == plain.choices[0].message.content
+
+
 def test_stop_strings_cut_the_text_also_while_streaming(client):
     prompt = [{"role": "user", "content": "def add(a, b):\n"}]
     whole = client.chat.completions.create(model="tiny", messages=prompt, max_tokens=24, temperature=0)

@@ -3,7 +3,7 @@ implements, ignores as harmless, or refuses (`unsupported`). The server (`server
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 DEFAULT_MAX_TOKENS = 256
 HARMLESS = {
@@ -48,6 +48,17 @@ class SamplingRequest(BaseModel):
     seed: int | None = Field(None, ge=-(1 << 63), lt=1 << 63)
     stop: str | list[str] | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_the_default(cls, data: Any) -> Any:
+        """`null` for a field means its default, as at OpenAI (`"temperature": null` samples at 1, `"n": null`
+        is one choice); a required field stays required."""
+        if not isinstance(data, dict):
+            return data
+        fields = cls.model_fields
+        return {k: v for k, v in data.items()
+                if v is not None or k not in fields or fields[k].is_required() or fields[k].default is None}
+
 
 class ChatRequest(SamplingRequest):
     messages: list[dict[str, Any]] = Field(min_length=1)
@@ -65,9 +76,15 @@ class CompletionRequest(SamplingRequest):
 
 
 def message_text(content: Any) -> str:
-    """A message's content: a string, or OpenAI's list of parts (their text parts joined)."""
+    """A message's content: a string, or OpenAI's list of parts, their texts joined. Any other part (an
+    image, audio, a file) is a ValueError naming it: this server reads text only, and a part left out
+    silently would answer a different prompt."""
     if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+        for j, part in enumerate(content):
+            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            if kind != "text":
+                raise ValueError(f"content[{j}]: a part of type '{kind}' is not supported here (text only)")
+        return "".join(str(part.get("text", "")) for part in content)
     return "" if content is None else str(content)
 
 

@@ -156,6 +156,17 @@ class Observe:
                 self.alert.observe(status[0] < 500, endpoint=endpoint)
 
 
+def _messages(given: list[dict[str, Any]]) -> list[dict[str, str]]:
+    """The request's messages as role and text; a content part that is not text is refused by name."""
+    out = []
+    for i, m in enumerate(given):
+        try:
+            out.append({"role": m.get("role"), "content": message_text(m.get("content"))})
+        except ValueError as e:
+            raise Refused(400, f"messages[{i}].{e}", code="unsupported_value", param=f"messages[{i}].content") from None
+    return out
+
+
 def _on_loop(future, loop: asyncio.AbstractEventLoop) -> asyncio.Future:
     """An asyncio future that completes with a job's `done` (set in the engine's thread). Unlike
     `asyncio.wrap_future`, cancelling it never cancels the job's own future under the engine."""
@@ -353,7 +364,7 @@ def create_app(chat: LocalModel, *, token: str | None = None, log_path: str | No
     async def chat_completions(body: ChatRequest, request: Request):
         if body.top_logprobs is not None and not body.logprobs:
             raise Refused(400, "top_logprobs: needs logprobs: true")
-        messages = [{"role": m.get("role"), "content": message_text(m.get("content"))} for m in body.messages]
+        messages = _messages(body.messages)
 
         def render() -> list[int]:
             try:
