@@ -160,6 +160,20 @@ def test_a_content_part_that_is_not_text_is_refused_by_name(client):
     assert joined.choices[0].message.content == plain.choices[0].message.content
 
 
+def test_logprobs_bytes_are_the_tokens_own(client):
+    """The random tiny model samples byte tokens (part of a UTF-8 character): their `bytes` are that one
+    byte, not the U+FFFD their text shows, and all the bytes together are the completion's."""
+    prompt = [{"role": "user", "content": "def mul(a, b):\n"}]
+    out = client.chat.completions.create(model="tiny", messages=prompt, max_tokens=32, temperature=1.0, seed=5,
+                                         logprobs=True, top_logprobs=2)
+    content = out.choices[0].logprobs.content
+    raw = b"".join(bytes(c.bytes) for c in content)
+    assert raw.decode("utf-8", "replace") == out.choices[0].message.content
+    assert any(len(c.bytes) == 1 and c.bytes[0] >= 0x80 for c in content)  # a byte token was sampled
+    alternatives = [top for c in content for top in c.top_logprobs]
+    assert all(entry.bytes != list("\ufffd".encode()) for entry in [*content, *alternatives])
+
+
 def test_stop_strings_cut_the_text_also_while_streaming(client):
     prompt = [{"role": "user", "content": "def add(a, b):\n"}]
     whole = client.chat.completions.create(model="tiny", messages=prompt, max_tokens=24, temperature=0)

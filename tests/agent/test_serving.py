@@ -1,11 +1,11 @@
 """`agent/serving.py`: a `Job` driven token by token as the engine drives it (a stand-in engine, the tiny
-model's real tokenizer): stop strings and what a stream holds back."""
+model's real tokenizer): stop strings, what a stream holds back and flushes, and a token's own bytes."""
 
 import random
 
 import pytest
 
-from tempering.agent.serving import Job, StopScan
+from tempering.agent.serving import Job, StopScan, token_bytes
 from tempering.models.loading import load_tokenizer
 from tempering.rollout.scheduler import Completion, Handle
 
@@ -79,6 +79,21 @@ def test_a_long_stop_string_that_the_text_keeps_almost_matching():
     assert scan.feed(text + "b") == len(text) - 1023
 
 
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_trailing_partial_character_is_flushed_at_the_end(tokenizer, stream):
+    """A completion cut (max_tokens) in the middle of a UTF-8 character ends with U+FFFD, as the whole
+    decode has it - streamed or not, with a stop string or without - and the stream is the text."""
+    ids = tokenizer("x = '€'", add_special_tokens=False).input_ids
+    cut = next(k for k in range(1, len(ids)) if tokenizer.decode(ids[:k]).endswith("\ufffd"))
+    whole = tokenizer.decode(ids[:cut])
+    for stop in ([], ["@@"]):
+        job = Job([1], max_tokens=cut, stop=stop)
+        heard = run(job, tokenizer, ids[:cut], stream)
+        assert job.text == whole and job.finish_reason == "length"
+        if stream:
+            assert "".join(piece for piece, _ in heard) == whole
+
+
 def test_a_stream_holds_back_exactly_what_could_begin_a_stop_string(tokenizer):
     ids = tokenizer("def add(a, b):\n    return a + b\n", add_special_tokens=False).input_ids
     stops = ["return a - b", "\n\n\n", "zz"]
@@ -95,3 +110,11 @@ def test_a_stream_holds_back_exactly_what_could_begin_a_stop_string(tokenizer):
     assert job.text == "def add(a, b):\n    return " == "".join(piece for piece, _ in heard)
     assert job.finish_reason == "stop"
 
+
+def test_a_tokens_bytes_are_its_own_not_its_texts_replacement_character(tokenizer):
+    text = "naïve € ok"
+    ids = tokenizer(text, add_special_tokens=False).input_ids
+    pieces = [token_bytes(tokenizer, t) for t in ids]
+    assert b"".join(pieces) == text.encode("utf-8")
+    assert any(len(p) == 1 and p[0] >= 0x80 for p in pieces)  # a byte token: part of a character
+    assert token_bytes(tokenizer, tokenizer.eos_token_id) == tokenizer.eos_token.encode()

@@ -31,6 +31,7 @@ and caps request bodies. Every error is OpenAI's JSON shape ({"error": {"message
 """
 
 import asyncio
+import functools
 import gc
 import json
 import time
@@ -56,7 +57,7 @@ from tempering.agent.openai_api import (
     message_text,
     unsupported,
 )
-from tempering.agent.serving import Job, TokenLogprob
+from tempering.agent.serving import Job, TokenLogprob, token_bytes
 from tempering.errors import TemperingError
 
 TOKEN_ENV, TOKEN_FILE_ENV = "TEMPERING_SERVE_TOKEN", "TEMPERING_SERVE_TOKEN_FILE"
@@ -353,10 +354,15 @@ def create_app(chat: LocalModel, *, token: str | None = None, log_path: str | No
         return {"prompt_tokens": len(jobs[0].prompt), "completion_tokens": done,
                 "total_tokens": len(jobs[0].prompt) + done}
 
+    @functools.lru_cache(maxsize=4096)
+    def token_text(token: int) -> tuple[str, bytes]:
+        """A token's text and its own bytes (a byte token's one byte, not its text's U+FFFD)."""
+        return chat.tokenizer.decode([token], skip_special_tokens=False), token_bytes(chat.tokenizer, token)
+
     def token_entry(entry: TokenLogprob) -> dict:
         def one(token: int, logprob: float) -> dict:
-            text = chat.tokenizer.decode([token], skip_special_tokens=False)
-            return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+            text, raw = token_text(token)
+            return {"token": text, "logprob": logprob, "bytes": list(raw)}
 
         return {**one(entry.token, entry.logprob), "top_logprobs": [one(t, lp) for t, lp in entry.top]}
 

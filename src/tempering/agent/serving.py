@@ -5,14 +5,16 @@ seed, stop strings, how many alternatives' log-probs to report), submitted to th
 (`rollout.scheduler.Request`) whose token callback is the job's: the job collects the tokens and their
 log-probs, decodes the text incrementally, cuts it at the first stop string (which ends the row), and
 tells a streaming listener the text as it becomes final - text that might still turn out to begin a stop
-string is held back until it cannot (`StopScan`, linear in the text whatever the stop strings' lengths).
-The engine batches continuously: a job joins the running rows at the next decode step, and leaves as soon
-as it is done or cancelled (`Job.cancel`, when its client hangs up).
+string is held back until it cannot (`StopScan`, linear in the text whatever the stop strings' lengths), and
+a partial UTF-8 character until it is whole or the job ends. The engine batches continuously: a job joins
+the running rows at the next decode step, and leaves as soon as it is done or cancelled (`Job.cancel`, when
+its client hangs up).
 """
 
 from __future__ import annotations
 
 import functools
+import re
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -101,22 +103,27 @@ class Job:
         done: Completion = future.result()
         if self.finish_reason is None:
             self.finish_reason = done.finish_reason
+            ended = done.finish_reason == "stop" and bool(self.ids) and self.ids[-1] in self._stops
             if self._listener is None and not self.stop:
-                ended = done.finish_reason == "stop" and bool(self.ids) and self.ids[-1] in self._stops
                 self.text = self._tokenizer.decode(self.ids[:-1] if ended else self.ids, skip_special_tokens=False)
+            else:  # what the incremental decoder still holds (a partial character: U+FFFD, as decoded whole)
+                self._decode(len(self.ids) - ended, final=True)
+                if self._scan is not None:
+                    self._cut_at_stop()
         self._tell(final=True)
         self.done.set_result(self)
 
-    def _decode(self) -> None:
-        """Incremental detokenization: decode from a little before the new tokens, keep what is new once it
-        is whole (a partial UTF-8 character decodes as U+FFFD and waits for the next token)."""
+    def _decode(self, end: int | None = None, final: bool = False) -> None:
+        """Incremental detokenization of the ids up to `end`: decode from a little before the new tokens,
+        keep what is new once it is whole (a partial UTF-8 character decodes as U+FFFD and waits for the
+        next token) or, `final`, as it is."""
         prefix, read = self._decoded
-        ids = self.ids[prefix:]
+        ids = self.ids[prefix:end]
         before = self._tokenizer.decode(ids[: read - prefix], skip_special_tokens=False)
         now = self._tokenizer.decode(ids, skip_special_tokens=False)
-        if len(now) > len(before) and not now.endswith("\ufffd"):
+        if len(now) > len(before) and (final or not now.endswith("\ufffd")):
             self.text += now[len(before):]
-            self._decoded = (read, len(self.ids))
+            self._decoded = (read, prefix + len(ids))
 
     def _cut_at_stop(self) -> bool:
         """Cut the text at the first stop string (it is not part of the answer) and finish with `stop`; True
@@ -190,3 +197,29 @@ def _fallback(stop: str) -> tuple[int, ...]:
         table[i] = k
     return tuple(table)
 
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level BPE spells each byte as one printable character (printable Latin-1 as itself,
+    the rest from U+0100 on, in byte order): that character -> its byte."""
+    printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    others = [b for b in range(256) if b not in printable]
+    return {chr(b): b for b in printable} | {chr(0x100 + i): b for i, b in enumerate(others)}
+
+
+BYTE_LEVEL = _byte_level_alphabet()
+
+
+def token_bytes(tokenizer, token: int) -> bytes:
+    """A token's own bytes (OpenAI's `logprobs[].bytes`). A byte-level token may hold part of a UTF-8
+    character, which `decode` shows as U+FFFD; its vocabulary entry keeps the bytes (byte-level BPE's
+    alphabet, or SentencePiece's `<0xNN>` byte tokens). Other tokens: the bytes of their text."""
+    text = tokenizer.decode([token], skip_special_tokens=False)
+    piece = tokenizer.convert_ids_to_tokens(token)
+    if isinstance(piece, str):
+        if all(c in BYTE_LEVEL for c in piece):
+            raw = bytes(BYTE_LEVEL[c] for c in piece)
+            if raw.decode("utf-8", "replace") == text:  # it was the byte-level spelling, not a word
+                return raw
+        if byte := re.fullmatch(r"<0x([0-9A-Fa-f]{2})>", piece):
+            return bytes([int(byte[1], 16)])
+    return text.encode("utf-8")
