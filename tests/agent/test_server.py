@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tempering.agent.backends import local_model
 from tempering.agent.repair import RepairSettings, repair
+from tempering.cli import main as cli
 from tempering.envs import EnvContext
 from tempering.errors import TemperingError
 from tempering.models.loading import load_model, load_tokenizer
@@ -172,6 +173,34 @@ def test_logprobs_bytes_are_the_tokens_own(client):
     assert any(len(c.bytes) == 1 and c.bytes[0] >= 0x80 for c in content)  # a byte token was sampled
     alternatives = [top for c in content for top in c.top_logprobs]
     assert all(entry.bytes != list("\ufffd".encode()) for entry in [*content, *alternatives])
+
+
+@pytest.mark.parametrize("option", [["--max-batch", "0"], ["--port", "99999"], ["--port", "0"],
+                                    ["--max-pending", "0"], ["--client-pending", "-1"], ["--max-n", "0"],
+                                    ["--max-tokens-cap", "0"], ["--max-context", "0"], ["--threads", "0"]])
+def test_an_out_of_range_serve_option_is_one_error_before_the_model_loads(option, tmp_path, capsys):
+    """A missing model: any error about the model would mean the option was checked after it loaded."""
+    assert cli(["serve", str(tmp_path / "no-model"), *option]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and option[1] in err[0] and "no-model" not in err[0], err
+
+
+def test_an_app_with_no_rows_to_generate_is_refused(tiny_model_dir):
+    from tempering.agent.server import create_app
+
+    chat = local_model(load_model(tiny_model_dir), load_tokenizer(tiny_model_dir), name="tiny")
+    with pytest.raises(ValueError, match="max_batch 0"):  # it would queue every request forever
+        create_app(chat, max_batch=0)
+
+
+def test_a_port_in_use_is_one_error_before_the_model_loads(tmp_path, capsys):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert cli(["serve", str(tmp_path / "no-model"), "--port", str(port)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: cannot listen on 127.0.0.1:") and "in use" in err and "\n" not in err, err
 
 
 def test_stop_strings_cut_the_text_also_while_streaming(client):

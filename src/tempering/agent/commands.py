@@ -141,13 +141,24 @@ def cmd_repair(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     from tempering.agent.backends import load_local
     from tempering.agent.monitor import Metrics
-    from tempering.agent.server import TOKEN_ENV, TOKEN_FILE_ENV, ServeLimits, check_exposure, serve
+    from tempering.agent.server import (
+        TOKEN_ENV,
+        TOKEN_FILE_ENV,
+        ServeLimits,
+        check_address,
+        check_exposure,
+        serve,
+    )
     from tempering.checkpoint import resolve_model
     from tempering.runtime import configure
     from tempering.sandbox.service import read_token
 
+    for flag in ("max_batch", "max_pending", "client_pending", "max_n", "max_tokens_cap", "max_context", "threads"):
+        if (value := getattr(args, flag)) is not None and value < 1:
+            raise TemperingError(f"--{flag.replace('_', '-')} {value}: must be at least 1")
     token = read_token(args.token_file, TOKEN_ENV, TOKEN_FILE_ENV)
     check_exposure(args.host, token)  # before the model loads (or is prepared: minutes)
+    check_address(args.host, args.port)
     alert = _alert(args, Metrics())
     model_dir = resolve_model(args.model)
     settings = run_settings(model_dir)

@@ -34,6 +34,7 @@ import asyncio
 import functools
 import gc
 import json
+import socket
 import time
 import uuid
 from collections.abc import Callable
@@ -197,6 +198,8 @@ def create_app(chat: LocalModel, *, token: str | None = None, log_path: str | No
     from tempering.rollout.generate import encode_prompt
     from tempering.sandbox.app import Admission, Guard
 
+    if max_batch < 1:
+        raise ValueError(f"max_batch {max_batch}: at least one row is needed to generate anything")
     metrics = alert.metrics if alert and alert.metrics else Metrics()
     admission = Admission(limits.max_pending, limits.client_pending, noun="requests", who="server")
     engine = chat.engine
@@ -450,6 +453,21 @@ def check_exposure(host: str, token: str | None) -> None:
     if token is None and not is_loopback(host):
         raise TemperingError(f"refusing to serve on {host} without a token: set ${TOKEN_ENV} (or --token-file) to a "
                              f"secret of at least {MIN_TOKEN_CHARS} characters and give it to clients as their API key")
+
+
+def check_address(host: str, port: int) -> None:
+    """The server could listen on host:port - a port in range, a host of this machine, no server there
+    already - checked before anything is loaded (a model: minutes)."""
+    if not 1 <= port <= 65535:
+        raise TemperingError(f"--port {port} is not a TCP port (1-65535)")
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+            probe.bind(address)
+    except OSError as e:
+        raise TemperingError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
 
 
 def serve(chat: LocalModel, host: str = "127.0.0.1", port: int = 8000, *, token: str | None = None,
