@@ -8,12 +8,14 @@
 
 OpenAI's request fields that are implemented: `max_tokens` / `max_completion_tokens`, `temperature` (0 =
 greedy), `top_p`, `n`, `seed` (per request: a seeded request draws the same numbers whichever requests
-share its batch), `stop` (up to 4 strings: the text is cut before the first, finish_reason `stop`, also
-while streaming), `logprobs` / `top_logprobs` (the sampled tokens' log-probs under the model's own
-distribution, as vLLM reports them by default, with up to 5 alternatives), `stream` and
-`stream_options.include_usage`. Fields that do not change the output (`user`, `metadata`, ...) are
-accepted; any other field that would change it - penalties, `logit_bias`, `tools`, `response_format`
-other than text, `echo`, ... - is a 400 naming it, never silently ignored.
+share its batch), `stop` (up to 4 strings of up to `ServeLimits.max_stop_chars` - 1024 - characters each:
+the text is cut before the first, finish_reason `stop`, also while streaming), `logprobs` / `top_logprobs`
+(the sampled tokens' log-probs under the model's own distribution, as vLLM reports them by default, with up
+to 5 alternatives; `bytes` are the token's own, a byte token's one byte), `stream` and
+`stream_options.include_usage`; `null` for any of them means its default, as at OpenAI. Fields that do not
+change the output (`user`, `metadata`, ...) are accepted; any other field that would change it - penalties,
+`logit_bias`, `tools`, `response_format` other than text, `echo`, a message part other than text (an
+image, audio, a file) ... - is a 400 naming it, never silently ignored.
 
 Admission (`ServeLimits`): past `max_pending` requests in all, or `client_pending` of one client (by
 address), a request gets 429 with Retry-After before its prompt is even tokenized; `n`, `max_tokens`,
