@@ -6,6 +6,7 @@ listens still has its text, and one client's long stop strings do not slow the o
 
 import json
 import socket
+import statistics
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -220,28 +221,30 @@ def test_a_completion_done_before_its_stream_listens_still_streams_its_text(serv
 def test_one_clients_long_stop_strings_leave_anothers_latency_alone(serve):
     """Stop strings past the cap (1024 characters) are a 400. At the cap: a streamed request with 4 of
     them, made of its own text (so that all of it is held back as a possible beginning of one), runs
-    alongside small requests, which take about as long as beside the same request without stops. (Trying
-    every prefix on every token, one 600,000-character stop took another client's 4-token request from
-    0.07 s to 15 s.)"""
+    alongside small requests, which take about as long as beside the same request without stops (the
+    arms alternate, and the bound is loose: the machine's load varies). Trying every prefix on every token,
+    one 600,000-character stop took another client's 4-token request from 0.07 s to 15 s."""
     url, _, _ = serve(step_s=0)
     over = httpx.post(f"{url}/v1/chat/completions", json=body(max_tokens=4, stop="x" * 1025))
     assert over.status_code == 400 and over.json()["error"]["param"] == "stop"
-    long = body(max_tokens=120, temperature=0)
+    long = body(max_tokens=64, temperature=0)
     text = httpx.post(f"{url}/v1/chat/completions", json=long, timeout=30).json()["choices"][0]["message"]["content"]
-    assert len(text) >= 40
+    assert len(text) >= 32
     stops = [(text * (1024 // len(text) + 1))[:1023] + end for end in "\x00\x01\x02\x03"]
 
-    def small_latency(beside: dict) -> float:
+    def small_latencies(beside: dict) -> list[float]:
         with httpx.Client(base_url=url, timeout=30) as http, ThreadPoolExecutor(1) as pool:
             running = pool.submit(stream_text, http, "/v1/chat/completions", beside)
             times = []
-            for _ in range(7):
+            for _ in range(5):
                 started = time.perf_counter()
                 assert http.post("/v1/chat/completions", json=body(max_tokens=4)).status_code == 200
                 times.append(time.perf_counter() - started)
-            assert running.result() == text
-        return sorted(times)[len(times) // 2]
+            assert running.result() == text  # the stops held it all back, then let it all through
+        return times
 
-    small_latency(long)  # warm-up
-    plain, stopped = small_latency(long), small_latency({**long, "stop": stops})
-    assert stopped < 3 * plain + 0.05, (plain, stopped)
+    plain, stopped = [], []
+    for first_plain in (True, False):
+        for arm in ((plain, long), (stopped, {**long, "stop": stops}))[:: 1 if first_plain else -1]:
+            arm[0].extend(small_latencies(arm[1]))
+    assert statistics.median(stopped) < 3 * statistics.median(plain) + 0.25, (plain, stopped)
