@@ -145,7 +145,7 @@ def test_null_is_the_default(client):
                                         top_p=None, stream=None, stop=None, seed=3, extra_body={"logprobs": None})
     default = client.chat.completions.create(model="tiny", messages=prompt, max_tokens=4, seed=3)
     assert [c.message.content for c in ok.choices] == [c.message.content for c in default.choices]
-    nulls = {"temperature": None, "n": None, "top_p": None, "return_token_ids": None}
+    nulls = {"temperature": None, "n": None, "top_p": None, "return_token_ids": None, "top_k": None}
     assert len(client.completions.create(model="tiny", prompt="x", max_tokens=2, extra_body=nulls).choices) == 1
 
 

@@ -89,9 +89,10 @@ def message_text(content: Any) -> str:
 
 
 def unsupported(body: SamplingRequest) -> str | None:
-    """The first field the request sets that would change the output and is not implemented here."""
+    """The first field the request sets that would change the output and is not implemented here (a field
+    set to null asks for its default: it changes nothing)."""
     for name, value in (body.model_extra or {}).items():
-        if name in HARMLESS or (name in NEUTRAL and value in NEUTRAL[name]):
+        if value is None or name in HARMLESS or (name in NEUTRAL and value in NEUTRAL[name]):
             continue
         return name
     return None
