@@ -57,6 +57,7 @@ positive_int = _checked(int, lambda v: v >= 1, "a whole number >= 1")
 non_negative_int = _checked(int, lambda v: v >= 0, "a whole number >= 0")
 positive_float = _checked(float, lambda v: math.isfinite(v) and v > 0, "a finite number > 0")
 non_negative_float = _checked(float, lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0")
+fraction = _checked(float, lambda v: 0 < v <= 1, "a number in (0, 1]")
 port_number = _checked(int, lambda v: 1 <= v <= 65535, "a port number from 1 to 65535")
 
 

@@ -177,10 +177,14 @@ def test_logprobs_bytes_are_the_tokens_own(client):
 
 @pytest.mark.parametrize("option", [["--max-batch", "0"], ["--port", "99999"], ["--port", "0"],
                                     ["--max-pending", "0"], ["--client-pending", "-1"], ["--max-n", "0"],
-                                    ["--max-tokens-cap", "0"], ["--max-context", "0"], ["--threads", "0"]])
+                                    ["--max-tokens-cap", "0"], ["--max-context", "0"], ["--threads", "0"],
+                                    ["--alert-threshold", "1.5"], ["--alert-threshold", "nan"],
+                                    ["--alert-window", "0"]])
 def test_an_out_of_range_serve_option_is_one_error_before_the_model_loads(option, tmp_path, capsys):
     """A missing model: any error about the model would mean the option was checked after it loaded."""
-    assert cli(["serve", str(tmp_path / "no-model"), *option]) == 2
+    with pytest.raises(SystemExit) as exited:  # argparse's own exit, after its one line
+        cli(["serve", str(tmp_path / "no-model"), *option])
+    assert exited.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and option[1] in err[0] and "no-model" not in err[0], err
 

@@ -153,9 +153,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from tempering.runtime import configure
     from tempering.sandbox.service import read_token
 
-    for flag in ("max_batch", "max_pending", "client_pending", "max_n", "max_tokens_cap", "max_context", "threads"):
-        if (value := getattr(args, flag)) is not None and value < 1:
-            raise TemperingError(f"--{flag.replace('_', '-')} {value}: must be at least 1")
     token = read_token(args.token_file, TOKEN_ENV, TOKEN_FILE_ENV)
     check_exposure(args.host, token)  # before the model loads (or is prepared: minutes)
     check_address(args.host, args.port)
@@ -208,13 +205,13 @@ def cmd_data_from_logs(args: argparse.Namespace) -> int:
 
 def add_parsers(sub, data) -> None:
     """The commands' arguments, on the `tempering` parser (`sub`) and its `data` group."""
-    from tempering.cli import non_negative_float, non_negative_int, port_number, positive_int
+    from tempering.cli import fraction, non_negative_float, non_negative_int, port_number, positive_int
 
     alert = argparse.ArgumentParser(add_help=False)
     alert.add_argument("--alert-webhook", help="POST an alert (JSON) here when the failure rate crosses the threshold")
-    alert.add_argument("--alert-threshold", type=float, default=0.5, help="failure rate that starts an incident")
-    alert.add_argument("--alert-window", type=int, default=50, help="outcomes in the sliding window")
-    alert.add_argument("--alert-min-events", type=int, default=10, help="outcomes needed before an alert can fire")
+    alert.add_argument("--alert-threshold", type=fraction, default=0.5, help="failure rate that starts an incident")
+    alert.add_argument("--alert-window", type=positive_int, default=50, help="outcomes in the sliding window")
+    alert.add_argument("--alert-min-events", type=positive_int, default=10, help="outcomes needed before an alert can fire")
     model = argparse.ArgumentParser(add_help=False)
     model.add_argument("--chat-format", choices=["auto", "plain", "template"],
                        help="the format the model was trained with (default: its run's env.chat_format, else auto)")
@@ -255,14 +252,14 @@ def add_parsers(sub, data) -> None:
     p = sub.add_parser("serve", parents=[alert, model], help="an OpenAI-compatible server over a local model")
     p.add_argument("model", help="model, checkpoint or run directory, or registry name")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (loopback by default)")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=port_number, default=8000)
     p.add_argument("--name", help="the model's name in /v1/models (default: the directory's name)")
-    p.add_argument("--max-batch", type=int, default=32, help="most requests generated together")
-    p.add_argument("--max-pending", type=int, default=256, help="requests queued or generating at once; more get 429")
-    p.add_argument("--client-pending", type=int, default=64,
+    p.add_argument("--max-batch", type=positive_int, default=32, help="most requests generated together")
+    p.add_argument("--max-pending", type=positive_int, default=256, help="requests queued or generating at once; more get 429")
+    p.add_argument("--client-pending", type=positive_int, default=64,
                    help="requests one client (address) may have queued or generating; more get 429")
-    p.add_argument("--max-n", type=int, default=8, help="most choices per request (n)")
-    p.add_argument("--max-tokens-cap", type=int, help="most new tokens a request may ask for (default: the context)")
+    p.add_argument("--max-n", type=positive_int, default=8, help="most choices per request (n)")
+    p.add_argument("--max-tokens-cap", type=positive_int, help="most new tokens a request may ask for (default: the context)")
     p.add_argument("--token-file", help="file holding the API key clients must send (default: $TEMPERING_SERVE_TOKEN); "
                                         "required on a non-loopback --host")
     p.add_argument("--log", help="append one JSON line per request to this file")

@@ -458,10 +458,8 @@ def check_exposure(host: str, token: str | None) -> None:
 
 
 def check_address(host: str, port: int) -> None:
-    """The server could listen on host:port - a port in range, a host of this machine, no server there
-    already - checked before anything is loaded (a model: minutes)."""
-    if not 1 <= port <= 65535:
-        raise TemperingError(f"--port {port} is not a TCP port (1-65535)")
+    """The server could listen on host:port - a host of this machine, no server there already - checked
+    before anything is loaded (a model: minutes). The port's range is the CLI's `port_number`."""
     try:
         family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
                                                              flags=socket.AI_PASSIVE)[0]
