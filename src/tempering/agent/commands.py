@@ -205,7 +205,7 @@ def cmd_data_from_logs(args: argparse.Namespace) -> int:
 
 def add_parsers(sub, data) -> None:
     """The commands' arguments, on the `tempering` parser (`sub`) and its `data` group."""
-    from tempering.cli import fraction, non_negative_float, non_negative_int, port_number, positive_int
+    from tempering.arguments import fraction, non_negative_float, non_negative_int, port_number, positive_int
 
     alert = argparse.ArgumentParser(add_help=False)
     alert.add_argument("--alert-webhook", help="POST an alert (JSON) here when the failure rate crosses the threshold")
