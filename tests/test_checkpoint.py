@@ -124,3 +124,22 @@ def test_a_manifest_that_leaves_out_a_file_every_checkpoint_has_is_corrupt(tmp_p
     del manifest["files"]["optimizer.pt"]
     (c.path / "MANIFEST.json").write_text(json.dumps(manifest))
     assert ckpt.verify(c.path) == "MANIFEST.json does not list 'optimizer.pt' (every checkpoint has it)"
+
+
+def test_a_failed_saves_message_keeps_its_brackets_on_the_console(tmp_path, monkeypatch):
+    """Torch's writer says "[enforce fail at ...]": Rich read that as markup and dropped it from the warning."""
+    import io
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from tempering.checkpoint import saver as saver_module
+
+    def full(*_, **__):
+        raise RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 4096")
+
+    monkeypatch.setattr(saver_module, "write_snapshot", full)
+    out = io.StringIO()
+    console = Console(file=out, width=200)
+    saver_module.Saver(tmp_path, asynchronous=False, log=console.print).save(SimpleNamespace(step=3))
+    assert "saving step 3 failed: RuntimeError: [enforce fail at inline_container.cc:664]" in out.getvalue()

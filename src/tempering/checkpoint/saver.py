@@ -14,6 +14,8 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from rich.markup import escape
+
 from tempering.checkpoint.local import LATEST, Checkpoint, Snapshot, find_latest, verify, write_snapshot
 from tempering.checkpoint.remote import RemoteStore
 from tempering.errors import CheckpointError, DiskFullError
@@ -84,7 +86,7 @@ class Saver:
             self.last_failure = e
             self.errors.append(f"checkpoint step {snap.step} not saved: {e}" if isinstance(e, DiskFullError)
                                else f"saving step {snap.step} failed: {type(e).__name__}: {e}")
-            self.log(f"[yellow]{self.errors[-1]}; {self.kept()}[/]")
+            self.log(f"[yellow]{escape(self.errors[-1])}; {self.kept()}[/]")  # torch's text has [brackets]
             return None
         self._upload_wanted.set()
         return ckpt
@@ -116,7 +118,7 @@ class Saver:
             self.remote.prune(self.keep, self.keep_every, protect=latest.step)
         except CheckpointError as e:
             self.errors.append(f"{e}; the checkpoint is kept locally and the upload retried with the next save")
-            self.log(f"[yellow]{self.errors[-1]}[/]")
+            self.log(f"[yellow]{escape(self.errors[-1])}[/]")
         finally:
             self._uploading = None
 
@@ -144,13 +146,13 @@ def resume_point(root: Path, remote: RemoteStore | None, log: Callable[[str], No
     Partial or corrupt checkpoints are named in the log and skipped."""
     local, skipped = find_latest(root)
     for note in skipped:
-        log(f"[yellow]{note}[/]")
+        log(f"[yellow]{escape(note)}[/]")
     if remote is None:
         return local
     try:
         steps = remote.steps()
     except CheckpointError as e:
-        log(f"[yellow]cannot list remote checkpoints ({e}); resuming from local ones[/]")
+        log(f"[yellow]cannot list remote checkpoints ({escape(str(e))}); resuming from local ones[/]")
         return local
     for step in steps:
         if local is not None and step <= local.step:
