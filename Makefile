@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 DEV_STAMP := $(VENV)/.installed-dev
 MODELS_STAMP := $(VENV)/.installed-models
 
-.PHONY: setup models demo smollm2 test smoke clean vllm test-vllm
+.PHONY: setup models demo smollm2 test test-fast lint typecheck smoke clean vllm test-vllm
 
 setup: $(STAMP)
 
@@ -55,6 +55,19 @@ smoke: setup
 # overlap well even on 2 cores; the Ray tests stay on one worker, in turn (xdist_group "ray").
 test: $(DEV_STAMP) $(MODELS_STAMP)
 	$(BIN)/pytest -q -n 2 --dist loadgroup
+
+# The suite without its end-to-end runs (`slow`): the unit tests of every module, in about COUNT here.
+test-fast: $(DEV_STAMP) $(MODELS_STAMP)
+	$(BIN)/pytest -q -n 2 --dist loadgroup -m "not slow"
+
+# Style and types, as .ci/run checks them: ruff's lint rules and formatter, and mypy on the modules that
+# pyproject's [tool.mypy] lists (the pure algorithms, the records, the config).
+lint: $(DEV_STAMP)
+	$(BIN)/ruff check src tests bench examples
+	$(BIN)/ruff format --check src tests bench examples
+
+typecheck: $(DEV_STAMP)
+	$(BIN)/mypy
 
 # vLLM's CPU build in a venv of its own (it pins torch 2.13.0+cpu and transformers <5.20; ~110 s, 3.5 GB):
 # rollout.engine=vllm and the `vllm` tests. Not part of `make test`.

@@ -6,7 +6,7 @@ wrong types are errors that name the key; an unknown key also lists the valid on
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -155,7 +155,7 @@ def _format_validation(error: ValidationError) -> str:
     return "; ".join(lines)
 
 
-def build_config(tree: dict[str, Any] | None = None, overrides: list[str] = ()) -> RunConfig:
+def build_config(tree: dict[str, Any] | None = None, overrides: Sequence[str] = ()) -> RunConfig:
     """Validate a nested dict plus dotted overrides into a RunConfig."""
     tree = dict(tree or {})
     _walk_keys(tree, [])
@@ -169,7 +169,7 @@ def build_config(tree: dict[str, Any] | None = None, overrides: list[str] = ()) 
         raise ConfigError(_format_validation(e)) from None
 
 
-def load_config(path: str | Path | None, overrides: list[str] = ()) -> RunConfig:
+def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> RunConfig:
     """Read a YAML config (None = all defaults) and apply `key.path=value` overrides. A file may start
     from another with `base: other.yaml` (relative to itself); its own keys override the base's."""
     return build_config(_read_tree(Path(path)) if path is not None else {}, overrides)

@@ -94,7 +94,7 @@ def _check_rewards(cfg: RunConfig) -> None:
         params = r.params.get(name, {})
         if name.startswith("trl:"):
             # A TRL batch function gets the prompts, the completions and one column per task field.
-            columns = {field: [] for field in Task.model_fields if field != "prompt"}
+            columns: dict[str, list] = {field: [] for field in Task.model_fields if field != "prompt"}
             _user_function(key, name[4:], "TRL reward function", prompts=[], completions=[], **columns)
             if params:
                 raise ValueError(f"reward.params.{name}: a TRL reward function takes no params (it gets the "

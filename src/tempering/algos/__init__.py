@@ -4,7 +4,7 @@ Torch only: no models, configs, I/O or Ray. Shapes use B = sequences, T = respon
 """
 
 from collections.abc import Callable, Mapping
-from typing import TypeVar
+from typing import TypeVar, cast
 
 from tempering.algos.advantages import (
     ADVANTAGE_ESTIMATORS,
@@ -43,7 +43,7 @@ def lookup(registry: Mapping[str, F], name: str, what: str) -> F:
     if ":" in name:
         from tempering.registry import load_callable
 
-        return load_callable(name, what)
+        return cast(F, load_callable(name, what))
     raise ValueError(f"unknown {what} '{name}'; valid: {', '.join(registry)} (or 'package.module:function')")
 
 

@@ -15,6 +15,7 @@ Hyper-parameters an estimator does not use are accepted and ignored, so one call
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -89,7 +90,7 @@ def grpo(x: AdvantageInputs, *, scale_by_std: bool = True, eps: float = 1e-6,
     return adv, adv                                                 # (B, T), (B, T)
 
 
-def dr_grpo(x: AdvantageInputs, **hyper: object) -> tuple[Tensor, Tensor]:
+def dr_grpo(x: AdvantageInputs, **hyper: Any) -> tuple[Tensor, Tensor]:
     """Dr. GRPO (arXiv 2503.20783): GRPO without the division by the group's std. Use it with
     `loss_agg: seq-mean-token-sum-norm` to also drop the length normalisation, as the paper does."""
     hyper.pop("scale_by_std", None)
@@ -100,7 +101,7 @@ def rloo(x: AdvantageInputs, **_: object) -> tuple[Tensor, Tensor]:
     """REINFORCE leave-one-out (Kool et al. 2019; Ahmadian et al. 2024, arXiv 2402.14740):
     A_i = r_i - mean_{j != i} r_j = G / (G - 1) * (r_i - mean_group). A group of one gets 0."""
     r = sequence_rewards(x.rewards, x.response_mask, x.token_rewards)
-    mean, _, n = group_mean_std(r, x.group_ids)
+    mean, _std, n = group_mean_std(r, x.group_ids)
     adv = torch.where(n > 1, (r - mean) * n / (n - 1).clamp_min(1), torch.zeros_like(r))
     adv = adv[:, None] * x.response_mask
     return adv, adv
@@ -121,7 +122,7 @@ def reinforce_pp(x: AdvantageInputs, *, gamma: float = 1.0, baseline: str = "non
     return adv, returns
 
 
-def reinforce_pp_baseline(x: AdvantageInputs, **hyper: object) -> tuple[Tensor, Tensor]:
+def reinforce_pp_baseline(x: AdvantageInputs, **hyper: Any) -> tuple[Tensor, Tensor]:
     hyper.pop("baseline", None)
     return reinforce_pp(x, baseline="group", **hyper)
 
@@ -165,7 +166,7 @@ ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {
     "reinforce_pp_baseline": reinforce_pp_baseline,
     "gae": gae,
 }
-gae.needs_critic = True  # a property of the estimator: user estimators that read `values` set it too
+gae.needs_critic = True  # type: ignore[attr-defined]  # a property of the estimator: user estimators that read `values` set it too
 
 
 def needs_critic(estimator: AdvantageEstimator) -> bool:
