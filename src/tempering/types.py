@@ -176,8 +176,6 @@ class Trajectory:
     """Linter findings in the completion (when the style reward needs them)."""
     reference_cpu_s: float | None = None
     """CPU time of the task's reference solution on the same tests (when the efficiency reward needs it)."""
-    step_ends: list[int] = field(default_factory=list)
-    """Token index (in the response) where each step ends: a line of code, or a turn of an episode."""
 
     @property
     def program(self) -> str:
