@@ -9,7 +9,9 @@ from tempering.data import generate_tasks
 from tempering.models.loading import build_tiny_model, load_model, load_tokenizer, save_model
 from tempering.models.tokenizer import train_tokenizer
 from tempering.sandbox import LocalSandbox
+from tempering.training.optim import make_optimizer, make_scheduler
 from tempering.training.sft import sft_completion
+from tests.helpers.runs import tempering
 
 
 @pytest.fixture(scope="session")
@@ -38,3 +40,21 @@ def tiny(tiny_model_dir):
 def sandbox():
     with LocalSandbox(workers=2) as sb:
         yield sb
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("runs") / "smoke"
+    tempering("train", "configs/smoke.yaml", f"run.dir={run_dir}")
+    return run_dir
+
+
+@pytest.fixture()
+def parts(tiny_model_dir):
+    model, tokenizer = load_model(tiny_model_dir), load_tokenizer(tiny_model_dir)
+    opt = make_optimizer(model, lr=1e-3)
+    sched = make_scheduler(opt, warmup_steps=3, total_steps=10)
+    model(torch.tensor([[1, 2, 3]])).logits.sum().backward()
+    opt.step()
+    sched.step()
+    return model, tokenizer, opt, sched

@@ -6,7 +6,7 @@ import json
 import pytest
 import yaml
 
-from tests.test_e2e import ROOT, kill_after_checkpoint, metrics, stable, tempering
+from tests.helpers.runs import ROOT, kill_after_checkpoint, metrics, stable, tempering
 
 ALGOS = ["grpo", "dr_grpo", "rloo", "reinforce_pp", "ppo_gae", "dapo"]
 

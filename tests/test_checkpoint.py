@@ -7,19 +7,7 @@ import torch
 
 from tempering import checkpoint as ckpt
 from tempering.errors import CheckpointError
-from tempering.models.loading import load_model, load_tokenizer
 from tempering.training.optim import make_optimizer, make_scheduler
-
-
-@pytest.fixture()
-def parts(tiny_model_dir):
-    model, tokenizer = load_model(tiny_model_dir), load_tokenizer(tiny_model_dir)
-    opt = make_optimizer(model, lr=1e-3)
-    sched = make_scheduler(opt, warmup_steps=3, total_steps=10)
-    model(torch.tensor([[1, 2, 3]])).logits.sum().backward()
-    opt.step()
-    sched.step()
-    return model, tokenizer, opt, sched
 
 
 def save(root, step, parts, keep=3):

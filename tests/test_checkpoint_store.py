@@ -17,8 +17,7 @@ from transformers import AutoModelForCausalLM
 
 from tempering import checkpoint as ckpt
 from tempering.errors import CheckpointError
-from tests.test_checkpoint import parts  # noqa: F401  (fixture)
-from tests.test_e2e import ROOT, kill_after_checkpoint, metrics, stable, tempering, train_tiny
+from tests.helpers.runs import ROOT, kill_after_checkpoint, metrics, stable, tempering, train_tiny
 
 
 def snap(step, parts):  # noqa: F811
@@ -349,7 +348,7 @@ def fill_before_row(monkeypatch, disk, step, leave):
 
 def train_here(run_dir) -> int:
     from tempering.cli import main
-    from tests.test_e2e import TINY
+    from tests.helpers.runs import TINY
 
     return main(["train", str(ROOT / "configs" / "smoke.yaml"), f"run.dir={run_dir}", *TINY, "train.steps=4",
                  "checkpoint.async_save=false"])

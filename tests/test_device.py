@@ -9,7 +9,7 @@ from tempering.errors import ConfigError
 from tempering.models.loading import resolve_device
 from tempering.rollout.batch import RolloutBatch
 from tempering.rollout.engine import LocalEngine, SamplingParams
-from tests.test_e2e import tempering
+from tests.helpers.runs import tempering
 
 
 def test_auto_picks_cuda_only_when_present(monkeypatch):

@@ -1,56 +1,19 @@
 """End-to-end runs of the smoke recipe through the `tempering` command."""
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-VOLATILE = ("timing_s/", "perf/")
-
-
-def tempering(*args, check=True, **kw):
-    proc = subprocess.run([sys.executable, "-m", "tempering.cli", *map(str, args)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=600, **kw)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"tempering {' '.join(map(str, args))} failed:\n{proc.stderr[-3000:]}")
-    return proc
-
-
-def kill_after_checkpoint(run_dir, step, *overrides):
-    """Start `tempering train` on the smoke recipe and SIGKILL it as soon as checkpoint `step` is LATEST."""
-    proc = subprocess.Popen([sys.executable, "-m", "tempering.cli", "train", "configs/smoke.yaml",
-                             f"run.dir={run_dir}", *overrides], cwd=ROOT, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    latest = run_dir / "checkpoints" / "LATEST"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and proc.poll() is None:
-        if latest.is_file() and latest.read_text().strip() == f"step_{step:06d}":
-            break
-        time.sleep(0.005)
-    assert proc.poll() is None, "the run ended before it could be killed"
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-
-
-def stable(rows):
-    return [{k: v for k, v in r.items() if not k.startswith(VOLATILE)} for r in rows]
-
-
-def metrics(run_dir):
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
-@pytest.fixture(scope="module")
-def smoke_run(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("runs") / "smoke"
-    tempering("train", "configs/smoke.yaml", f"run.dir={run_dir}")
-    return run_dir
+from tests.helpers.runs import (
+    CLOSED_URL,
+    closed_port,
+    kill_after_checkpoint,
+    metrics,
+    stable,
+    tempering,
+    train_tiny,
+    versions,
+)
 
 
 @pytest.mark.slow
@@ -97,10 +60,6 @@ def test_sigkill_after_a_checkpoint_then_resume_gives_identical_metrics(smoke_ru
         (smoke_run / "summary.json").read_text())["heldout_pass@1_after"]
 
 
-def versions(run_dir):
-    """step -> the policy versions of its sample rows."""
-    return {int(f.stem.split("_")[1]): {json.loads(line)["policy_version"] for line in f.read_text().splitlines()}
-            for f in sorted((run_dir / "samples").glob("step_*.jsonl"))}
 
 
 @pytest.mark.slow
@@ -143,18 +102,8 @@ def test_bad_inputs_fail_with_one_line_and_lose_nothing(tmp_path):
     assert (run_dir / "notes.txt").read_text() == "keep me"
 
 
-def closed_port() -> int:
-    """A loopback port nothing listens on (one that was just free)."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
-CLOSED_URL = "sandbox.url=http://127.0.0.1:{port}"
-"""An override naming a sandbox service that is down; the port is chosen when the test runs (test ids must be
-the same in every pytest-xdist worker)."""
 
 
 @pytest.mark.parametrize("override, message", [
@@ -176,13 +125,8 @@ def test_late_config_errors_fail_before_the_run_directory_exists(tmp_path, overr
     assert not run_dir.exists()
 
 
-# A run small enough to be trained several times in one test: ~2 s of work per invocation.
-TINY = ["sft.steps=4", "data.num_train=80", "data.num_heldout=8", "eval.every=0", "eval.samples=1",
-        "tracking.tensorboard=false", "checkpoint.every=1"]
 
 
-def train_tiny(run_dir, *overrides, check=True):
-    return tempering("train", "configs/smoke.yaml", f"run.dir={run_dir}", *TINY, *overrides, check=check)
 
 
 def summary_of(run_dir):

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from tests.test_e2e import kill_after_checkpoint, metrics, stable, tempering
+from tests.helpers.runs import kill_after_checkpoint, metrics, stable, tempering
 
 GYM = ["data.generator=reasoning_gym", "data.num_train=105", "data.gym_heldout_per_domain=1",
        "data.mixture={'*': 1.0, basic_arithmetic: 5.0}", "model.max_length=1024", "env.max_context=1024",

@@ -11,7 +11,7 @@ from tempering.models.forward import distinct_rows, response_logprobs
 from tempering.rollout.batch import RolloutBatch
 from tempering.rollout.engine import LocalEngine, SamplingParams
 from tempering.training.update import update_policy
-from tests.test_e2e import kill_after_checkpoint, metrics, stable, tempering
+from tests.helpers.runs import kill_after_checkpoint, metrics, stable, tempering
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]

@@ -6,7 +6,7 @@ import pytest
 from tempering.config import build_config
 from tempering.errors import TemperingError
 from tempering.workspace import prepare
-from tests.test_e2e import CLOSED_URL, closed_port
+from tests.helpers.runs import CLOSED_URL, closed_port
 
 
 @pytest.mark.parametrize("override, message", [

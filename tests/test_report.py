@@ -10,7 +10,6 @@ import pytest
 from PIL import Image
 
 from tempering.cli import main as cli
-from tests.test_e2e import smoke_run  # noqa: F401  (fixture)
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 

@@ -51,7 +51,7 @@ def test_user_records_become_one_checked_task(sandbox, tmp_path):
 
 
 def test_agent_logs_become_tasks_with_their_repair_as_reference(sandbox, tmp_path, tiny):
-    from tests.agent.test_repair import Scripted
+    from tests.helpers.repair import Scripted
 
     task = Task(id="m", domain="d", prompt=PROMPT, entry_point="median3",
                 tests=[TestCase(input=[1, 2, 3], output=2), TestCase(input=[5, 4, 6], output=5)])

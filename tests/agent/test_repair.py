@@ -12,7 +12,7 @@ from tempering.rollout.chat import chat_format
 from tempering.rollout.engine import LocalEngine, SamplingParams
 from tempering.rollout.episodes import run_episodes
 from tempering.types import Task, TestCase
-from tests.rollout.test_episodes import ScriptedEngine
+from tests.helpers.repair import Scripted
 
 TASK = Task(id="inc", domain="d", prompt="def inc(x):\n", entry_point="inc",
             tests=[TestCase(input=[1], output=2), TestCase(input=[5], output=6)],
@@ -20,14 +20,6 @@ TASK = Task(id="inc", domain="d", prompt="def inc(x):\n", entry_point="inc",
 RIGHT = "def inc(x):\n    return x + 1\n"
 
 
-def Scripted(tokenizer, answers):
-    """An engine answering each task's attempt k with `answers[task][k]` (all episodes advance together)."""
-    def answer(turn, text):
-        return answers[next(name for name in answers if f"def {name}(" in text)][turn]
-
-    engine = ScriptedEngine(tokenizer, answer)
-    engine.seen = engine.contexts
-    return engine
 
 
 def tasks(*names):

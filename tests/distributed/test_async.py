@@ -3,7 +3,7 @@ with the look-ahead batches in the checkpoint, and the mismatch correction in a 
 
 import pytest
 
-from tests.test_e2e import kill_after_checkpoint, metrics, stable, tempering, versions
+from tests.helpers.runs import kill_after_checkpoint, metrics, stable, tempering, versions
 
 SHORT = ("sft.steps=8",)
 

@@ -14,7 +14,7 @@ from tempering.distributed.weights import fingerprints
 from tempering.training.critic import Critic, update_critic
 from tempering.training.data_parallel import DataParallel, Rendezvous
 from tempering.training.update import update_policy
-from tests.training.test_training import make_batch
+from tests.helpers.batches import make_batch
 
 
 def ranks(size, tmp_path, fn):

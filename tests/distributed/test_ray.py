@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tests.test_e2e import ROOT, metrics, tempering
+from tests.helpers.runs import ROOT, metrics, tempering
 
 ray = pytest.importorskip("ray")
 # One xdist worker runs these in turn (make test runs two workers): one local Ray cluster at a time.

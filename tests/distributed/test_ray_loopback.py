@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tests.test_e2e import ROOT
+from tests.helpers.runs import ROOT
 
 psutil = pytest.importorskip("psutil")
 pytest.importorskip("ray")

@@ -3,7 +3,7 @@ import torch
 from tempering.envs import EnvContext
 from tempering.eval.evaluate import evaluate
 from tempering.rollout.engine import LocalEngine, SamplingParams
-from tests.rollout.test_episodes import ScriptedEngine
+from tests.helpers.engines import ScriptedEngine
 
 
 def test_report_counts_correct_samples_per_domain(tiny, tasks, sandbox):

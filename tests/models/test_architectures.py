@@ -15,7 +15,7 @@ from tempering.pipeline import train
 from tempering.rollout.chat import chat_format, end_of_turn, stop_token_ids
 from tempering.rollout.engine import LocalEngine, SamplingParams
 from tempering.training.sft import sft_completion
-from tests.models.architectures import FAMILIES, build
+from tests.helpers.architectures import FAMILIES, build
 
 QUICK = ["sft.steps=4", "sft.batch_size=4", "train.steps=2", "data.num_train=40", "data.num_heldout=4",
          "eval.samples=1", "eval.every=0", "eval.val_tasks=4", "rollout.prompts_per_step=2",

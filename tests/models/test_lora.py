@@ -131,7 +131,7 @@ def test_a_lora_run_continues_a_lora_run_then_resumes_exports_and_serves(lora_ru
     the other run's adapters merged once into RUN/start, recorded in start.json: its checkpoints load
     (evaluation after RL), it resumes, exports and serves - and its start stays put when the other run
     goes on."""
-    from tests.agent.test_server import start, stop
+    from tests.helpers.servers import start, stop
 
     first = tmp_path / "first"
     shutil.copytree(lora_run, first)

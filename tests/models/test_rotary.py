@@ -11,7 +11,7 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from tempering.models.loading import load_model
 from tempering.models.rotary import RotaryTable
-from tests.models.architectures import FAMILIES, build
+from tests.helpers.architectures import FAMILIES, build
 
 ULP = 2.0 ** -24  # half an fp32 ulp at 1: the table is correctly rounded, torch's cos within an ulp
 

@@ -13,7 +13,7 @@ from tempering.rewards import RewardFunction
 from tempering.rollout.batch import collate
 from tempering.rollout.engine import LocalEngine, SamplingParams
 from tempering.rollout.episodes import run_episodes
-from tempering.rollout.generate import Generation, left_pad
+from tests.helpers.engines import ScriptedEngine
 
 
 def episode_rewards(episodes, step_fn=None):
@@ -21,37 +21,6 @@ def episode_rewards(episodes, step_fn=None):
     return RewardFunction(step_fn=step_fn).score(episodes)
 
 
-class ScriptedEngine:
-    """A rollout engine that answers each context with the next scripted action (plus EOS) and remembers
-    every context it was shown."""
-
-    def __init__(self, tokenizer, script, max_new_tokens=200):
-        self.tokenizer, self.script = tokenizer, script  # script: (turn index, context text) -> action text
-        self.sampling, self.version = SamplingParams(max_new_tokens=max_new_tokens), 0
-        self.stop_ids = (tokenizer.eos_token_id,)
-        self.contexts: list[list[list[int]]] = []
-
-    def generate(self, prompts, *, max_new_tokens, **_):
-        tokenizer = self.tokenizer
-        self.contexts.append(prompts)
-        turn = len(self.contexts) - 1
-        rows = []
-        for ids in prompts:
-            text = self.script(turn, tokenizer.decode(ids))
-            rows.append(tokenizer(text, add_special_tokens=False).input_ids[: max_new_tokens - 1]
-                        + [tokenizer.eos_token_id])
-        width = max(len(r) for r in rows)
-        ids = torch.full((len(rows), width), tokenizer.pad_token_id)
-        mask = torch.zeros((len(rows), width))
-        for i, r in enumerate(rows):
-            ids[i, : len(r)] = torch.tensor(r)
-            mask[i, : len(r)] = 1
-        prompt_ids, prompt_mask = left_pad(prompts, tokenizer.pad_token_id)
-        return Generation(prompt_ids, prompt_mask, ids, mask, -0.5 * mask, torch.zeros(len(rows), dtype=torch.bool),
-                          [tokenizer.decode(r[:-1]) for r in rows])
-
-    def release(self):
-        pass
 
 
 def tool_tasks(domain):

@@ -3,14 +3,13 @@ import warnings
 import pytest
 import torch
 
-from tempering.algos import AdvantageInputs, grpo, ppo_clip_loss
+from tempering.algos import ppo_clip_loss
 from tempering.models.forward import response_logprobs
-from tempering.rollout.batch import RolloutBatch
 from tempering.rollout.engine import LocalEngine, SamplingParams
-from tempering.rollout.generate import encode_prompt
 from tempering.training.optim import make_optimizer, make_scheduler
 from tempering.training.sft import encode_examples, run_sft, sft_completion
 from tempering.training.update import update_policy
+from tests.helpers.batches import make_batch
 
 
 def test_sft_completion_is_the_body_after_the_signature(tasks):
@@ -31,14 +30,6 @@ def test_sft_learns_the_training_examples(tiny, tasks):
     assert gen.response_ids[0, : len(completion)].tolist() == completion
 
 
-def make_batch(model, tokenizer, tasks, rewards):
-    prompts = [encode_prompt(tokenizer, t.prompt) for t in tasks for _ in range(2)]
-    gen = LocalEngine(model, tokenizer, SamplingParams(max_new_tokens=6)).generate(
-        prompts, generator=torch.Generator().manual_seed(0))
-    batch = RolloutBatch(gen.prompt_ids, gen.prompt_mask, gen.response_ids, gen.response_mask, gen.logprobs,
-                         torch.tensor(rewards), torch.arange(len(prompts)) // 2)
-    batch.advantages, batch.returns = grpo(AdvantageInputs(batch.rewards, batch.response_mask, batch.group_ids))
-    return batch
 
 
 def test_update_raises_the_likelihood_of_rewarded_samples(tiny, tasks):

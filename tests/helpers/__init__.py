@@ -1,0 +1,1 @@
+"""What several test modules share: running the command, scripted engines, small batches, a server."""
