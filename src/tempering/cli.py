@@ -27,6 +27,7 @@ from tempering.arguments import (
     Parser,
     k_values,
     non_negative_float,
+    non_negative_int,
     port_number,
     positive_float,
     positive_int,
@@ -274,7 +275,19 @@ def cmd_models_prepare(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="tempering", description="RL post-training with execution feedback")
     sub = parser.add_subparsers(dest="command", required=True)
+    _add_run_parsers(sub)
+    _add_eval_parser(sub)
+    data = _add_data_parsers(sub)
+    _add_sandbox_parsers(sub)
+    _add_model_parsers(sub)
+    from tempering.agent.commands import add_parsers
 
+    add_parsers(sub, data)
+    _add_report_parser(sub)
+    return parser
+
+
+def _add_run_parsers(sub) -> None:
     for name, fn, text in (("train", cmd_train, "run (or resume) a recipe: SFT warm-up, RL, evaluation"),
                            ("sft", cmd_sft, "run only the supervised warm-up of a recipe")):
         p = sub.add_parser(name, help=text, description=text)
@@ -286,6 +299,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "tracking.*, ...); the change is recorded in RUN_DIR/config_history")
         p.set_defaults(fn=fn)
 
+
+def _add_eval_parser(sub) -> None:
     p = sub.add_parser("eval", help="pass@k of a model or checkpoint on a task file")
     p.add_argument("model", help="model, checkpoint or run directory (its newest model), or registry name")
     p.add_argument("--tasks", required=True, help="task file (JSONL, Parquet, datasets directory) or a named set: "
@@ -309,11 +324,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="write the report as JSON here")
     p.set_defaults(fn=cmd_eval)
 
+
+def _add_data_parsers(sub):
+    """`data generate`, `data pass-rates`; the group, which `agent.commands` adds `from-logs` to."""
     data = sub.add_parser("data", help="task data").add_subparsers(dest="data_command", required=True)
     p = data.add_parser("generate", help="write the built-in train/held-out task files")
     p.add_argument("--out", required=True)
-    p.add_argument("--num-train", type=int, default=20000)
-    p.add_argument("--num-heldout", type=int, default=512)
+    p.add_argument("--num-train", type=positive_int, default=20000)
+    p.add_argument("--num-heldout", type=non_negative_int, default=512)
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--generator", default="code", choices=["code", "tools", "answer", "reasoning_gym"])
     p.set_defaults(fn=cmd_data_generate)
@@ -322,11 +340,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("config")
     p.add_argument("overrides", nargs="*", help="key=value config overrides")
     p.add_argument("--out", required=True)
-    p.add_argument("--per-family", type=int, default=8, help="tasks per family (template or task)")
-    p.add_argument("--samples", type=int, default=4, help="samples per task")
+    p.add_argument("--per-family", type=positive_int, default=8, help="tasks per family (template or task)")
+    p.add_argument("--samples", type=positive_int, default=4, help="samples per task")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(fn=cmd_data_pass_rates)
+    return data
 
+
+def _add_sandbox_parsers(sub) -> None:
     sandbox = sub.add_parser("sandbox", help="sandboxed execution").add_subparsers(dest="sandbox_command",
                                                                                  required=True)
     isolation = {"choices": ["auto", "bwrap", "process"], "default": "auto",
@@ -359,11 +380,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--isolation", **isolation)
     p.set_defaults(fn=cmd_sandbox_serve)
     p = sandbox.add_parser("bench", help="throughput and latency of the warm worker pool")
-    p.add_argument("--n", type=int, default=400, help="executions per measurement")
-    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 8])
+    p.add_argument("--n", type=positive_int, default=400, help="executions per measurement")
+    p.add_argument("--concurrency", type=positive_int, nargs="+", default=[1, 2, 8])
     p.add_argument("--isolation", **isolation)
     p.set_defaults(fn=cmd_sandbox_bench)
 
+
+def _add_model_parsers(sub) -> None:
+    """`export` and `models list | prepare`."""
     p = sub.add_parser("export", help="write a checkpoint as a plain Hugging Face model directory")
     p.add_argument("checkpoint", help="checkpoint, run (its newest checkpoint) or model directory, or registry name")
     p.add_argument("--to", required=True, help="output directory (created; must not hold files)")
@@ -378,15 +402,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache", help="cache directory (default $TEMPERING_CACHE or ~/.cache/tempering)")
     p.set_defaults(fn=cmd_models_prepare)
 
-    from tempering.agent.commands import add_parsers
 
-    add_parsers(sub, data)
-
+def _add_report_parser(sub) -> None:
     p = sub.add_parser("report", help="print a run's summary and write its HTML report (RUN_DIR/report.html)")
     p.add_argument("run_dir")
     p.add_argument("--out", help="HTML file to write (default RUN_DIR/report.html)")
     p.set_defaults(fn=cmd_report)
-    return parser
 
 
 def _quiet_libraries() -> None:
