@@ -37,7 +37,7 @@ def test_stop_tokens_come_from_the_template_and_the_generation_config(tmp_path, 
     ids = tokenizer.convert_tokens_to_ids
     assert end_of_turn(tokenizer) == (fam.end_of_turn, ids(fam.end_of_turn))
     want = {ids(fam.eos), ids(fam.end_of_turn), *(ids(t) for t in fam.generation_eos or [])}
-    assert set(stop_token_ids(tokenizer, model.generation_config)) == want
+    assert set(stop_token_ids(tokenizer, model)) == want
     assert chat_format(tokenizer).name == ("plain" if fam.template is None else "template")
 
 
@@ -118,3 +118,17 @@ def test_sft_and_two_rl_steps_then_the_saved_model_reloads(tmp_path, corpus, nam
     start = AutoModelForCausalLM.from_pretrained(path).state_dict()
     changed = [k for k, v in model.state_dict().items() if not torch.equal(v, start[k])]
     assert changed  # SFT and RL moved the weights
+
+
+def test_the_vllm_and_the_local_engine_stop_on_the_same_ids(tmp_path, corpus):
+    """The local engine reads the stop ids from the model object, the vLLM engine from the directory it
+    loads: one function (`stop_token_ids`), the same ids - a generation_config id beyond EOS and the end of
+    turn included (the vLLM engine used to take EOS and the end of turn only)."""
+    path = build("llama", tmp_path / "llama", corpus)
+    tokenizer, model = load_tokenizer(path), load_model(path)
+    extra = tokenizer.convert_tokens_to_ids("<|start_header_id|>")
+    model.generation_config.eos_token_id = [tokenizer.eos_token_id, extra]
+    model.save_pretrained(tmp_path / "saved")
+    tokenizer.save_pretrained(tmp_path / "saved")
+    assert extra in stop_token_ids(tokenizer, model)
+    assert stop_token_ids(tokenizer, tmp_path / "saved") == stop_token_ids(tokenizer, model)

@@ -13,6 +13,7 @@ template, the difference between the rendered conversation before and after the 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from tempering.rollout.generate import encode_prompt
 
@@ -34,13 +35,25 @@ def end_of_turn(tokenizer) -> tuple[str, int]:
     return eos
 
 
-def stop_token_ids(tokenizer, generation_config=None) -> tuple[int, ...]:
+def stop_token_ids(tokenizer, model=None) -> tuple[int, ...]:
     """Every id that ends a generation: EOS, the chat template's end of turn, and the model's own
-    `generation_config.eos_token_id` (an int or a list, e.g. Llama 3's `<|eot_id|>` beside `<|end_of_text|>`)."""
+    `generation_config.eos_token_id` (an int or a list, e.g. Llama 3's `<|eot_id|>` beside `<|end_of_text|>`).
+    `model`: a model object or its directory (the local and the vLLM engine pass what they load, so they stop
+    on the same ids)."""
     ids = [tokenizer.eos_token_id, end_of_turn(tokenizer)[1]]
-    extra = getattr(generation_config, "eos_token_id", None)
+    extra = getattr(_generation_config(model), "eos_token_id", None)
     ids += extra if isinstance(extra, list) else [extra]
     return tuple(dict.fromkeys(i for i in ids if i is not None))
+
+
+def _generation_config(model):
+    if not isinstance(model, str | Path):
+        return getattr(model, "generation_config", None)
+    if not (Path(model) / "generation_config.json").is_file():
+        return None
+    from transformers import GenerationConfig
+
+    return GenerationConfig.from_pretrained(model)
 
 
 @dataclass

@@ -79,7 +79,7 @@ class LocalEngine:
                  adapters: bool = True, max_rows: int = 256, max_length: int | None = None,
                  dtype: torch.dtype | None = None):
         self.model, self.tokenizer, self.sampling, self.version = model, tokenizer, sampling, version
-        self.stop_ids = stop_token_ids(tokenizer, getattr(model, "generation_config", None))
+        self.stop_ids = stop_token_ids(tokenizer, model)
         self._weights = nullcontext if adapters else model.disable_adapter
         self._merge = adapters and is_peft(model)
         # float32 = no mixed precision (`models.loading.compute_dtype`): the model samples in its own dtype

@@ -67,7 +67,6 @@ class VLLMEngine:
             raise TemperingError("rollout.engine: vllm needs the vllm package (pip install 'tempering[vllm]'; "
                                  "CPU: make vllm)") from None
         self.tokenizer, self.sampling, self.version = tokenizer, sampling, version
-        self.stop_ids = stop_token_ids(tokenizer)
         self.lora_scaling = lora_scaling
         self._saved = None
         if not isinstance(source, str | Path):  # a model object: vLLM loads from a directory
@@ -76,6 +75,7 @@ class VLLMEngine:
             base.save_pretrained(self._saved.name, state_dict=dict(plain_state(source.state_dict(), lora_scaling)))
             tokenizer.save_pretrained(self._saved.name)
             source = self._saved.name
+        self.stop_ids = stop_token_ids(tokenizer, source)  # the directory vLLM loads: its generation_config.json
         device = "cuda" if torch.cuda.is_available() else "cpu"
         with _callers_random_state():
             self.llm = LLM(model=str(source), dtype="float32" if device == "cpu" else "auto", seed=0,
