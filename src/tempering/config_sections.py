@@ -7,6 +7,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+FEEDBACK_CHARS = 400
+"""The longest feedback an episode shows the policy (an execution's output, an error), wherever an
+environment is built: a run's `env.feedback_chars`, `tempering eval --turns`, `tempering repair`."""
+
 
 class Section(BaseModel):
     # allow_inf_nan=False: a NaN or infinite value (`sandbox.timeout_s: .nan`) is a config error, not a
@@ -186,7 +190,7 @@ class EnvSection(Section):
     max_context: int = Field(1024, ge=1)
     """Context budget of an episode in tokens (prompt, actions and observations); reaching it ends the
     episode, marked truncated."""
-    feedback_chars: int = Field(400, ge=64)
+    feedback_chars: int = Field(FEEDBACK_CHARS, ge=64)
     """Longest observation text (feedback, tool output); longer is cut to its head and tail (at least 64,
     room for the cut marker)."""
     options: EnvOptionsSection = EnvOptionsSection()

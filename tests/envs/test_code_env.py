@@ -88,3 +88,14 @@ def test_a_caught_attempt_that_passes_everything_is_rejected_not_a_crash(tasks):
     step = env.step("    return 0\n")
     assert not step.done and step.observation == "# feedback: rejected (harness_tampering)\n"
     assert step.rewards == {"improvement": 0.0} and step.info["hacking"] == ["harness_tampering"]
+
+
+def test_every_environment_context_cuts_feedback_at_the_runs_default():
+    """A run's env.feedback_chars, `tempering eval --turns` and `tempering repair` build their contexts in
+    different places; they showed 400, 600 and 400 characters of feedback by default."""
+    from tempering.config import build_config
+    from tempering.config_sections import FEEDBACK_CHARS
+    from tempering.envs.base import env_context
+
+    assert EnvContext(sandbox=None).feedback_chars == FEEDBACK_CHARS
+    assert env_context(build_config({}), sandbox=None).feedback_chars == FEEDBACK_CHARS

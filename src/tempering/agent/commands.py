@@ -92,6 +92,7 @@ def cmd_repair(args: argparse.Namespace) -> int:
     from tempering.agent.monitor import JsonLog, Metrics
     from tempering.agent.repair import RepairSettings, repair
     from tempering.checkpoint import resolve_model
+    from tempering.config_sections import FEEDBACK_CHARS
     from tempering.envs import EnvContext
     from tempering.models.loading import load_tokenizer
     from tempering.rollout.engine import SamplingParams, make_engine
@@ -123,7 +124,7 @@ def cmd_repair(args: argparse.Namespace) -> int:
         start_http_server(args.metrics_port, addr="127.0.0.1", registry=metrics.registry)
     instruction = args.instruction or settings.get("code_instruction")
     with LocalSandbox(workers=2) as sandbox:
-        ctx = EnvContext(sandbox, feedback_chars=args.feedback_chars or settings.get("feedback_chars", 400),
+        ctx = EnvContext(sandbox, feedback_chars=args.feedback_chars or settings.get("feedback_chars", FEEDBACK_CHARS),
                          options={"code_instruction": instruction})
         report = repair(engine, tasks, ctx, RepairSettings(args.repairs, not args.no_stuck, args.temperature <= 0,
                                                            args.seed),

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, NamedTuple
 
 from tempering.config import RunConfig
+from tempering.config_sections import FEEDBACK_CHARS
 from tempering.types import Task
 
 
@@ -44,7 +45,7 @@ class EnvContext:
     """A `tempering.sandbox.Sandbox` (code environments)."""
     max_turns: int = 1
     """Turns the driver will allow; an environment says in its observation how many are left."""
-    feedback_chars: int = 600
+    feedback_chars: int = FEEDBACK_CHARS
     """Longest feedback text; longer is cut to its head and tail."""
     options: dict[str, Any] = field(default_factory=dict)
     """`env.options` from the config, e.g. {flaky_failure_rate: 0.5}."""
