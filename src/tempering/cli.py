@@ -97,7 +97,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from tempering.models.loading import compute_dtype, load_model, load_tokenizer, resolve_device
     from tempering.rollout.engine import SamplingParams, make_engine
     from tempering.runtime import configure
-    from tempering.sandbox import LocalSandbox
+    from tempering.sandbox import open_sandbox
 
     model_dir = resolve_model(args.model)
     tasks = load_tasks(args.tasks)[: args.limit]
@@ -110,7 +110,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     model = load_model(model_dir, device=device)
     tokenizer = load_tokenizer(model_dir)
     engine = make_engine(model, tokenizer, SamplingParams(args.temperature, 1.0, args.max_new_tokens), dtype=compute)
-    with LocalSandbox(workers=2) as sandbox:
+    with open_sandbox() as sandbox:
         # pass@k of the final attempt; with --turns > 1 also first_turn_pass@1 (feedback between attempts).
         ctx = EnvContext(sandbox, max_turns=args.turns, options={"code_instruction": args.instruction})
         report = evaluate(engine, tasks, ctx, samples=args.samples, ks=ks,
@@ -166,13 +166,14 @@ def cmd_data_pass_rates(args: argparse.Namespace) -> int:
 
 
 def cmd_sandbox_run(args: argparse.Namespace) -> int:
-    from tempering.sandbox import LocalSandbox
+    from tempering.config_sections import SandboxSection
+    from tempering.sandbox import open_sandbox
 
     path = Path(args.file)
     if not path.is_file():
         raise TemperingError(f"program file '{path}' does not exist")
     stdin = Path(args.stdin).read_text() if args.stdin else None
-    with LocalSandbox(workers=1, isolation=args.isolation) as sandbox:
+    with open_sandbox(SandboxSection(workers=1, isolation=args.isolation)) as sandbox:
         result = sandbox.run(path.read_text(), language=args.lang, stdin=stdin, timeout_s=args.timeout,
                              memory_mb=args.memory_mb)
     if args.json:
@@ -189,10 +190,11 @@ def cmd_sandbox_doctor(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from tempering.sandbox import LocalSandbox
+    from tempering.config_sections import SandboxSection
+    from tempering.sandbox import open_sandbox
     from tempering.sandbox.service import read_token, service_protection
 
-    with LocalSandbox(workers=1, isolation=args.isolation) as sandbox:
+    with open_sandbox(SandboxSection(workers=1, isolation=args.isolation)) as sandbox:
         checks = {lang: sandbox.run(code, language=lang).status for lang, code in _HELLO.items()}
         table = Table(title=f"sandbox backend: {sandbox.backend}"
                       + (f" ({sandbox.isolation.why_not_bwrap})" if sandbox.isolation.why_not_bwrap else ""))

@@ -27,7 +27,7 @@ from tempering.envs import env_context
 from tempering.errors import ConfigError, SandboxError
 from tempering.models.loading import check_model_dir, compute_dtype, resolve_device
 from tempering.runtime import configure
-from tempering.sandbox import LocalSandbox, RemoteSandbox, Sandbox, SandboxLimits
+from tempering.sandbox import RemoteSandbox, Sandbox, SandboxLimits, limits_of, open_sandbox
 from tempering.state import Resume, find_resume
 from tempering.training.sft import Transcript
 from tempering.training.transcripts import sft_transcripts
@@ -254,17 +254,9 @@ def _check_outside_inputs(cfg: RunConfig) -> None:
 
 
 def sandbox_limits(cfg: RunConfig) -> SandboxLimits:
-    s = cfg.sandbox
-    return SandboxLimits(timeout_s=s.timeout_s, cpu_s=s.cpu_s, memory_mb=s.memory_mb,
-                         max_output_bytes=s.max_output_bytes)
+    return limits_of(cfg.sandbox)
 
 
 def make_sandbox(cfg: RunConfig) -> Sandbox:
-    """The local worker pool, or the service at `sandbox.url` (checked before training starts)."""
-    s, limits = cfg.sandbox, sandbox_limits(cfg)
-    if s.url:
-        remote = RemoteSandbox(s.url, limits)
-        remote.health()  # a service that is down is reported now, not after the model is loaded
-        return remote
-    return LocalSandbox(limits, workers=s.workers, python=s.python, isolation=s.isolation,
-                        scratch_mb=s.scratch_mb)
+    """The run's sandbox (`sandbox.open_sandbox` of its `sandbox` section)."""
+    return open_sandbox(cfg.sandbox)

@@ -98,7 +98,7 @@ def cmd_repair(args: argparse.Namespace) -> int:
     from tempering.rollout.engine import SamplingParams, make_engine
     from tempering.rollout.remote import is_url
     from tempering.runtime import configure
-    from tempering.sandbox import LocalSandbox
+    from tempering.sandbox import open_sandbox
 
     tasks = _tasks(args)
     metrics = Metrics()
@@ -123,7 +123,7 @@ def cmd_repair(args: argparse.Namespace) -> int:
     if args.metrics_port:
         start_http_server(args.metrics_port, addr="127.0.0.1", registry=metrics.registry)
     instruction = args.instruction or settings.get("code_instruction")
-    with LocalSandbox(workers=2) as sandbox:
+    with open_sandbox() as sandbox:
         ctx = EnvContext(sandbox, feedback_chars=args.feedback_chars or settings.get("feedback_chars", FEEDBACK_CHARS),
                          options={"code_instruction": instruction})
         report = repair(engine, tasks, ctx, RepairSettings(args.repairs, not args.no_stuck, args.temperature <= 0,
@@ -178,7 +178,7 @@ def cmd_data_from_logs(args: argparse.Namespace) -> int:
 
     from tempering.data import save_tasks
     from tempering.data.from_logs import build_tasks, read_records
-    from tempering.sandbox import LocalSandbox
+    from tempering.sandbox import open_sandbox
 
     out = Path(args.out)
     heldout = out.with_name(out.stem + ".heldout.jsonl") if args.heldout_fraction else None
@@ -188,7 +188,7 @@ def cmd_data_from_logs(args: argparse.Namespace) -> int:
     if not 0.0 <= args.heldout_fraction < 1.0:
         raise TemperingError(f"--heldout-fraction {args.heldout_fraction} is not in [0, 1)")
     records = read_records(args.logs)
-    with LocalSandbox(workers=2) as sandbox:
+    with open_sandbox() as sandbox:
         built = build_tasks(records, sandbox, max_failing=args.max_failing)
 
     def held(task) -> bool:

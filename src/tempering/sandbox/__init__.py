@@ -69,11 +69,32 @@ from __future__ import annotations
 
 import threading
 
+from tempering.config_sections import SandboxSection
 from tempering.sandbox.execution import LANGUAGES, ExecRequest, SandboxLimits
 from tempering.sandbox.grading import compare_values, grade, parse_value
 from tempering.sandbox.pool import LocalSandbox, Sandbox
 from tempering.sandbox.service import RemoteSandbox
 from tempering.types import ExecResult, Task
+
+
+def limits_of(s: SandboxSection) -> SandboxLimits:
+    """A `sandbox` config section's per-execution limits."""
+    return SandboxLimits(timeout_s=s.timeout_s, cpu_s=s.cpu_s, memory_mb=s.memory_mb,
+                         max_output_bytes=s.max_output_bytes)
+
+
+def open_sandbox(s: SandboxSection | None = None) -> Sandbox:
+    """The one way to open a sandbox: the local worker pool of `s` (a run's `sandbox` section; None: its
+    defaults, as `eval`, `repair` and `data from-logs` use), or the service at `s.url` (checked now: a service
+    that is down is reported before a model loads)."""
+    s = s or SandboxSection()
+    if s.url:
+        remote = RemoteSandbox(s.url, limits_of(s))
+        remote.health()
+        return remote
+    return LocalSandbox(limits_of(s), workers=s.workers, python=s.python, isolation=s.isolation,
+                        scratch_mb=s.scratch_mb)
+
 
 _default: LocalSandbox | None = None
 _default_lock = threading.Lock()
@@ -112,5 +133,6 @@ def run_tests(task: Task, code: str) -> ExecResult:
 
 __all__ = [
     "LANGUAGES", "ExecRequest", "ExecResult", "LocalSandbox", "RemoteSandbox", "Sandbox", "SandboxLimits",
-    "compare_values", "default_sandbox", "grade", "parse_value", "run", "run_batch", "run_tests",
+    "compare_values", "default_sandbox", "grade", "limits_of", "open_sandbox", "parse_value", "run", "run_batch",
+    "run_tests",
 ]
