@@ -3,17 +3,21 @@
 Range checks live on the fields themselves (`Field(ge=..)`); what is here needs more than one value or an
 import: registry names, user functions named as `package.module:function` (imported now and called with
 the arguments the run will pass, as a signature check), `reward.params` against the components'
-keyword parameters, environment component names in `reward.weights`. Each failure is a ValueError whose message starts with
+keyword parameters, the environments of `env.plugins` (`package.module:Class`) and their component names in
+`reward.weights`. Each failure is a ValueError whose message starts with
 the key, which `load_config` turns into a one-line ConfigError - before the run directory is touched.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tempering.config import CHECKS, RunConfig
 from tempering.errors import ConfigError
 from tempering.registry import check_call, load_callable
+
+if TYPE_CHECKING:
+    from tempering.envs import Environment
 
 _ARG = object()
 """Stands in for a tensor / task / trajectory: signature checks bind arguments, they never call."""
@@ -21,7 +25,7 @@ _ARG = object()
 
 def check_config(cfg: RunConfig) -> None:
     _check_algo(cfg)
-    _check_rewards(cfg)
+    _check_rewards(cfg, _environments(cfg))
     _check_cross_fields(cfg)
 
 
@@ -70,8 +74,23 @@ def _check_algo(cfg: RunConfig) -> None:
         raise ValueError(f"algo.loss_agg: unknown name '{a.loss_agg}'; valid: {', '.join(LOSS_AGGREGATIONS)}")
 
 
-def _check_rewards(cfg: RunConfig) -> None:
-    from tempering.envs import ENVIRONMENTS
+def _environments(cfg: RunConfig) -> list[type[Environment]]:
+    """The built-in environments and the run's own (`env.plugins`), imported and checked now."""
+    from tempering.envs import ENVIRONMENTS, environment_class
+
+    plugins = []
+    for spec in cfg.env.plugins:
+        if ":" not in spec:
+            raise ValueError(f"env.plugins: '{spec}' is not of the form 'package.module:Class' (built-in "
+                             f"environments need no listing: {', '.join(ENVIRONMENTS)})")
+        try:
+            plugins.append(environment_class(spec))
+        except ConfigError as e:
+            raise ValueError(f"env.plugins: {e}") from None
+    return [*ENVIRONMENTS.values(), *plugins]
+
+
+def _check_rewards(cfg: RunConfig, environments: list[type[Environment]]) -> None:
     from tempering.rewards import PARTIAL, REWARD_COMPONENTS
     from tempering.rewards.guards import GUARDS
     from tempering.types import Task
@@ -80,11 +99,11 @@ def _check_rewards(cfg: RunConfig) -> None:
     if r.weights is not None and not r.weights:
         raise ValueError("reward.weights: empty; name at least one component, e.g. {tests: 1.0}")
     weights = r.weights if r.weights is not None else {
-        name: 1.0 for env in ENVIRONMENTS.values() for name in env.default_weights}
+        name: 1.0 for env in environments for name in env.default_weights}
     unknown = sorted(set(r.params) - set(weights))
     if unknown:
         raise ValueError(f"reward.params: {', '.join(unknown)} not in reward.weights ({', '.join(weights)})")
-    env_components = {name for env in ENVIRONMENTS.values() for name in env.components}
+    env_components = {name for env in environments for name in env.components}
     for name in weights:
         if name in env_components and name not in REWARD_COMPONENTS:
             if r.params.get(name):

@@ -195,6 +195,9 @@ class EnvSection(Section):
     room for the cut marker)."""
     options: EnvOptionsSection = EnvOptionsSection()
     """Environment options, e.g. {flaky_failure_rate: 0.5, flaky_max_failures: 2}."""
+    plugins: list[str] = []
+    """Environments of your own code, as `package.module:Class` (a subclass of `tempering.envs.Environment`):
+    imported and checked when the config loads; a task names one by the same string in its `env` field."""
     chat_format: Literal["auto", "plain", "template"] = "auto"
     """How turns become tokens: the tokenizer's chat template, or plain text (the tiny model); auto picks."""
 

@@ -23,7 +23,7 @@ from tempering.checkpoint import resolve_model
 from tempering.config import RunConfig
 from tempering.data import MixtureSampler, generate_tasks, load_tasks, save_tasks, split_stages
 from tempering.data.difficulty import in_range, kept, load_pass_rates
-from tempering.envs import env_context
+from tempering.envs import env_context, environment_class
 from tempering.errors import ConfigError, SandboxError
 from tempering.models.loading import check_model_dir, compute_dtype, resolve_device
 from tempering.runtime import configure
@@ -115,6 +115,7 @@ def prepare(cfg: RunConfig, console: Console | None = None, allow_config_change:
         train, heldout = _in_pass_range(cfg, rates, train, heldout)
     benchmarks = {name: load_tasks(name) for name in cfg.eval.benchmarks}  # a missing package fails now
     _check_disjoint(train, heldout)
+    _check_task_envs(cfg, [*train, *heldout, *(t for tasks in benchmarks.values() for t in tasks)])
     try:
         sft, rl = split_stages(train, cfg.data.sft_fraction, cfg.data.seed)
     except ValueError as e:
@@ -222,6 +223,20 @@ def _check_disjoint(train: list[Task], heldout: list[Task]) -> None:
     overlap = {t.prompt for t in train} & {t.prompt for t in heldout}
     if overlap:
         raise ConfigError(f"{len(overlap)} held-out task prompt(s) also appear among the training tasks")
+
+
+def _check_task_envs(cfg: RunConfig, tasks: list[Task]) -> None:
+    """Every task's `env` is a built-in environment or one of `env.plugins` (checked when the config loaded),
+    so a misspelt name fails now, not in the first rollout."""
+    for name in sorted({t.env for t in tasks}):
+        task = next(t for t in tasks if t.env == name)
+        if ":" in name and name not in cfg.env.plugins:
+            raise ConfigError(f"task '{task.id}': env '{name}' is not listed in env.plugins (an environment "
+                              "of your own is named there, so it is checked when the config loads)")
+        try:
+            environment_class(name)
+        except ConfigError as e:
+            raise ConfigError(f"task '{task.id}': {e}") from None
 
 
 def check_sandbox_url(cfg: RunConfig, timeout_s: float = 5.0) -> None:

@@ -5,7 +5,8 @@
     tool            tool calls against deterministic simulated APIs (calculator, database, search, flaky)
     reasoning_gym   a task from the `reasoning-gym` generators, scored by its verifier
 
-A task names its environment (`Task.env`); `make_env` builds one per episode.
+A task names its environment (`Task.env`): one of these, or `package.module:Class` for one of the user's own
+(listed in `env.plugins`); `make_env` builds one per episode.
 """
 
 from tempering.envs import answer, code, gym, tools  # noqa: F401  (registers the environments)
@@ -16,8 +17,10 @@ from tempering.envs.base import (
     Step,
     clip_middle,
     env_context,
+    environment_class,
     make_env,
     register,
 )
 
-__all__ = ["ENVIRONMENTS", "EnvContext", "Environment", "Step", "clip_middle", "env_context", "make_env", "register"]
+__all__ = ["ENVIRONMENTS", "EnvContext", "Environment", "Step", "clip_middle", "env_context",
+           "environment_class", "make_env", "register"]

@@ -11,10 +11,16 @@ of their step (an improvement over the previous attempt, a malformed tool call) 
 last token of the turn that earned them. A step may also carry its attempt as a `Trajectory`
 (`info["attempt"]`, the code environment), on which the reward function computes its own components.
 Weights come from `reward.weights`, else the environment's `default_weights`.
+
+A task names its environment in `env`: a built-in kind (`ENVIRONMENTS`), or a subclass of `Environment` in
+the user's own package as `package.module:Class`, listed in the config's `env.plugins` so that it is
+imported and checked when the config loads (docs/architecture.md, "Plugging in an environment").
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 from abc import ABC, abstractmethod
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
@@ -22,6 +28,8 @@ from typing import Any, ClassVar, NamedTuple
 
 from tempering.config import RunConfig
 from tempering.config_sections import FEEDBACK_CHARS
+from tempering.errors import ConfigError
+from tempering.registry import check_call, load_callable
 from tempering.types import Task
 
 
@@ -106,11 +114,35 @@ def register(cls: type[Environment]) -> type[Environment]:
     return cls
 
 
+def environment_class(name: str) -> type[Environment]:
+    """The environment a task's `env` names: a built-in kind (`ENVIRONMENTS`), or user code as
+    `package.module:Class` (listed in `env.plugins`). ConfigError saying what is wrong otherwise."""
+    if name in ENVIRONMENTS:
+        return ENVIRONMENTS[name]
+    if ":" not in name:
+        known = ", ".join(ENVIRONMENTS)
+        raise ConfigError(f"unknown env '{name}'; known: {known} (or 'package.module:Class')")
+    return _plugin_class(name)
+
+
+@functools.cache
+def _plugin_class(spec: str) -> type[Environment]:
+    """Import `package.module:Class` and check that `make_env` can build episodes of it (once per name)."""
+    cls = load_callable(spec, "environment")
+    if not (isinstance(cls, type) and issubclass(cls, Environment)):
+        raise ConfigError(f"environment '{spec}' is not a subclass of tempering.envs.Environment")
+    if inspect.isabstract(cls):
+        missing = ", ".join(sorted(cls.__abstractmethods__))
+        raise ConfigError(f"environment '{spec}' does not implement {missing}")
+    check_call(cls, spec, "environment", EnvContext(), seed=0)  # the call of make_env
+    return cls
+
+
 def make_env(task: Task, ctx: EnvContext, seed: int = 0) -> Environment:
     try:
-        cls = ENVIRONMENTS[task.env]
-    except KeyError:
-        raise ValueError(f"task '{task.id}': unknown env '{task.env}'; known: {', '.join(ENVIRONMENTS)}") from None
+        cls = environment_class(task.env)
+    except ConfigError as e:
+        raise ValueError(f"task '{task.id}': {e}") from None
     return cls(ctx, seed)
 
 
