@@ -223,9 +223,10 @@ class ChatReply:
         # The opening chunk ("", nothing else) names the role; the closing one (None) has no content.
         opening = text == "" and not entries and finish is None
         delta = {} if text is None else {"role": "assistant", "content": ""} if opening else {"content": text}
+        choice = {"index": i, "delta": delta, "finish_reason": finish,
+                  "logprobs": self.logprobs(entries) if entries else None}
         return {"id": self.id, "object": "chat.completion.chunk", "created": self.created,
-                "model": self.model, "choices": [{"index": i, "delta": delta, "finish_reason": finish,
-                             "logprobs": self.logprobs(entries) if entries else None}]}
+                "model": self.model, "choices": [choice]}
 
 
 @dataclass(slots=True)
@@ -252,12 +253,11 @@ class CompletionReply:
 
     def whole(self, jobs: list[Job]) -> dict:
         ids = {"prompt_token_ids": jobs[0].prompt} if self.token_ids else {}
+        choices = [{"index": i, "text": j.text, "finish_reason": j.finish_reason,
+                    "logprobs": self.logprobs(j.token_logprobs),
+                    **({"token_ids": j.ids} if self.token_ids else {})} for i, j in enumerate(jobs)]
         return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
-                **ids, "choices": [{"index": i, "text": j.text, "finish_reason": j.finish_reason,
-                             "logprobs": self.logprobs(j.token_logprobs),
-                             **({"token_ids": j.ids} if self.token_ids else {})}
-                            for i, j in enumerate(jobs)],
-                "usage": usage(jobs)}
+                **ids, "choices": choices, "usage": usage(jobs)}
 
     def chunk(self, i: int, text: str | None, entries: list[TokenLogprob], finish: str | None) -> dict:
         return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
