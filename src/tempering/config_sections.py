@@ -270,8 +270,9 @@ class AlgoSection(Section):
     """DAPO: at most this many sampling rounds per step (the batch may stay short after them)."""
     correction: Literal["none", "tis", "mis"] = "none"
     """Train/inference mismatch correction (`algos.correction`): the trainer recomputes pi_old and weights each
-    token (or sequence) by pi_old / mu, truncated at `correction_cap` (tis) or dropped above it (mis). `none`
-    keeps the sampler's log-probs as pi_old (bypass)."""
+    token (or sequence) by pi_old / mu, truncated at `correction_cap` (tis), or rejects it above the cap (mis:
+    out of the losses' mask and normaliser, as verl's rejection sampling). `none` keeps the sampler's
+    log-probs as pi_old (bypass)."""
     correction_level: Literal["token", "sequence"] = "token"
     """Per-token ratios, or each sequence's geometric mean."""
     correction_cap: float = Field(2.0, gt=0.0)

@@ -208,14 +208,14 @@ class RLTrainer:
     def correct(self, batch: RolloutBatch, timer: Timer) -> dict[str, float]:
         """Decoupled mismatch correction (`algo.correction`): the trainer recomputes pi_old, the PPO ratio's
         denominator; the sampler's log-probs mu stay as `behaviour_logprobs`, and each token (or sequence) is
-        weighted by pi_old / mu, truncated or masked (`algos.correction`)."""
+        weighted by pi_old / mu, truncated (tis), or rejected from the update's loss mask (mis)."""
         algo = self.cfg.algo
         with timer("recompute"):
             old = self.recompute(batch)
         batch.behaviour_logprobs, batch.old_logprobs = batch.old_logprobs, old
-        batch.is_weights, metrics = rollout_correction(old, batch.behaviour_logprobs, batch.response_mask,
-                                                       mode=algo.correction, level=algo.correction_level,
-                                                       cap=algo.correction_cap)
+        batch.is_weights, batch.kept_mask, metrics = rollout_correction(
+            old, batch.behaviour_logprobs, batch.response_mask, mode=algo.correction,
+            level=algo.correction_level, cap=algo.correction_cap)
         return metrics
 
     @torch.no_grad()

@@ -94,6 +94,34 @@ def test_each_mixed_precision_minibatch_runs_on_the_weights_of_the_step_before(t
     assert not all(torch.equal(a, b) for a, b in zip(together, start.values()))
 
 
+def test_the_update_trains_on_the_kept_tokens_as_if_the_rejected_were_never_sampled(tiny, tasks):
+    """MIS's rejected tokens (`kept_mask`) are out of every loss of the update (policy, entropy, KL): the same
+    step as on a batch whose response mask never had them (attention unchanged)."""
+    import copy
+
+    model, tokenizer = tiny
+    batch = make_batch(model, tokenizer, tasks[0][:2], [1.0, 0.0, 0.0, 1.0])
+    batch.ref_logprobs = batch.old_logprobs - 0.1 * batch.response_mask
+    kept = batch.response_mask.clone()
+    kept[0, 1:3] = 0.0
+    kept[2] = 0.0                        # a whole sequence rejected (sequence-level MIS)
+    assert kept[:, -1].any()             # so both batches keep the same width
+    rejected = copy.copy(batch)
+    rejected.kept_mask = kept
+    never = copy.copy(batch)
+    never.response_mask, never.response_attention = kept, batch.response_mask
+    start = copy.deepcopy(model)
+    out = []
+    for b in (rejected, never):
+        m = copy.deepcopy(start)
+        metrics = update_policy(m, torch.optim.SGD(m.parameters(), lr=0.5), b, policy_loss=ppo_clip_loss,
+                                generator=torch.Generator().manual_seed(0), minibatches=1, entropy_coef=0.01,
+                                kl_coef=0.1, loss_agg="seq-mean-token-mean")
+        out.append((metrics, [p.detach().clone() for p in m.parameters()]))
+    assert out[0][0] == pytest.approx(out[1][0], rel=1e-5, abs=1e-7)
+    assert all(torch.allclose(a, b, atol=1e-7) for a, b in zip(out[0][1], out[1][1]))
+
+
 def test_zero_advantage_batch_leaves_weights_unchanged(tiny, tasks):
     model, tokenizer = tiny
     batch = make_batch(model, tokenizer, tasks[0][:2], [0.5, 0.5, 1.0, 1.0])  # no variance in either group

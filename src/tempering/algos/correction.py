@@ -6,10 +6,14 @@ version when rollouts run ahead of the trainer); the trainer recomputes pi_old, 
 update, and the PPO ratio becomes pi_theta / pi_old. What remains is weighted by w = pi_old / mu:
 
     tis  (truncated importance sampling)  w = min(pi_old / mu, cap)
-    mis  (masked importance sampling)     w = 1[pi_old / mu <= cap]      (the token or sequence is dropped)
+    mis  (masked importance sampling)     keep = 1[pi_old / mu <= cap]   (the token or sequence is rejected)
 
 At `level="sequence"` the ratio is the sequence's geometric mean, exp(mean over its policy tokens of
 log pi_old - log mu), and every token of the sequence gets that weight. Weights carry no gradient.
+
+A rejected token leaves the mask the update averages over, as verl's rejection sampling takes it out of
+`response_mask`: the loss is the mean over the tokens kept, so rejecting a third of the tokens does not
+shrink the step by a third (docs/algorithms.md, "Mismatch correction").
 """
 
 from __future__ import annotations
@@ -28,10 +32,12 @@ CORRECTIONS = ("none", "tis", "mis")
 @torch.no_grad()
 def rollout_correction(old_logprobs: Tensor, behaviour_logprobs: Tensor, mask: Tensor, *,
                        mode: Literal["tis", "mis"], level: Literal["token", "sequence"] = "token",
-                       cap: float = 2.0) -> tuple[Tensor, dict[str, float]]:
-    """Importance weights (B, T) of pi_old / mu, truncated (tis) or masked (mis) at `cap`; zero off `mask`.
-    Metrics: `mismatch/kl` (k3 estimate of KL(mu || pi_old) per token), `mismatch/is_weight/mean` (over the
-    masked tokens, after truncation or masking), `mismatch/clip_frac` (tis) or `mismatch/masked_frac` (mis)."""
+                       cap: float = 2.0) -> tuple[Tensor | None, Tensor, dict[str, float]]:
+    """(weights, loss mask, metrics) for ratios pi_old / mu, all (B, T). tis: the weights truncated at `cap`
+    (zero off `mask`) and `mask` itself; mis: no weights (None) and `mask` less the tokens over `cap`.
+    Metrics, over `mask` (the policy's tokens, rejected ones included): `mismatch/kl` (k3 estimate of
+    KL(mu || pi_old) per token), `mismatch/is_weight/mean` (the weight after truncation, 0 for a rejected
+    token), `mismatch/clip_frac` (tis) or `mismatch/masked_frac` (mis: the fraction rejected)."""
     if mode not in ("tis", "mis"):
         raise ValueError(f"unknown correction '{mode}'; valid: tis, mis")
     if level not in ("token", "sequence"):
@@ -45,13 +51,12 @@ def rollout_correction(old_logprobs: Tensor, behaviour_logprobs: Tensor, mask: T
     ratio = torch.exp(log_ratio)
     over = ratio > cap
     if mode == "tis":
-        weights, name = ratio.clamp(max=cap), "mismatch/clip_frac"
+        weights, loss_mask, name = ratio.clamp(max=cap) * mask, mask, "mismatch/clip_frac"
     else:
-        weights, name = (~over).to(ratio.dtype), "mismatch/masked_frac"
-    weights = weights * mask
+        weights, loss_mask, name = None, mask * ~over, "mismatch/masked_frac"
     metrics = {
         "mismatch/kl": float(masked_mean(kl_k3(behaviour_logprobs, old_logprobs), mask)),
-        "mismatch/is_weight/mean": float(masked_mean(weights, mask)),
+        "mismatch/is_weight/mean": float(masked_mean(loss_mask if weights is None else weights, mask)),
         name: float(masked_mean(over.to(ratio.dtype), mask)),
     }
-    return weights, metrics
+    return weights, loss_mask, metrics

@@ -32,7 +32,8 @@ class LossInputs:
     advantages: Tensor
     mask: Tensor
     weights: Tensor | None = None
-    """Per-token importance weights of the mismatch correction (`algos.correction`), no gradient; None = 1."""
+    """Per-token truncated importance weights of the mismatch correction (`algos.correction`, tis), no
+    gradient; None = 1. Tokens the correction rejects (mis) are not weighted 0: they are out of `mask`."""
 
     def weighted(self, losses: Tensor) -> Tensor:
         """Per-token losses times the correction's weights (before aggregation)."""

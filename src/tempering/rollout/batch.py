@@ -37,12 +37,20 @@ class RolloutBatch:
     behaviour_logprobs: Tensor | None = None
     """(B, R) the sampler's log-probs, when the trainer recomputed `old_logprobs` (`algo.correction`)."""
     is_weights: Tensor | None = None
-    """(B, R) the mismatch correction's importance weights pi_old / mu, truncated or masked (no gradient)."""
+    """(B, R) the mismatch correction's truncated importance weights pi_old / mu (no gradient; `tis`)."""
+    kept_mask: Tensor | None = None
+    """(B, R) `response_mask` less the tokens the mismatch correction rejected (`mis`); None: none were."""
 
     @property
     def attention(self) -> Tensor:
         """(B, R) the response part of the attention mask."""
         return self.response_mask if self.response_attention is None else self.response_attention
+
+    @property
+    def loss_mask(self) -> Tensor:
+        """(B, R) the tokens the update's losses average over: the policy's, less those rejected (verl's
+        rejection sampling takes them out of its `response_mask`). Rollout metrics keep `response_mask`."""
+        return self.response_mask if self.kept_mask is None else self.kept_mask
 
     def __len__(self) -> int:
         return self.prompt_ids.shape[0]

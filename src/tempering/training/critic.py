@@ -73,13 +73,14 @@ def update_critic(critic: Critic, optimizer: torch.optim.Optimizer, batch, *, ge
         for index in batch.minibatches(minibatches, generator):
             if dp is not None:
                 mine, counts = dp.part(index)
-                tok, _ = shares(batch.response_mask, index, mine, counts)  # the value loss is a token mean
+                tok, _ = shares(batch.loss_mask, index, mine, counts)  # the value loss is a token mean
                 index = mine
             mb = batch.select(index).trim().to(device)
             with mixed_precision(device, compute):
                 values = critic.values(mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask,
                                        mb.response_attention)
-            loss, metrics = clipped_value_loss(values, mb.values, mb.returns, mb.response_mask, clip_range=clip_range)
+            loss, metrics = clipped_value_loss(values, mb.values, mb.returns, mb.loss_mask,
+                                               clip_range=clip_range)
             loss = loss * tok
             optimizer.zero_grad(set_to_none=True)
             loss.backward()

@@ -62,10 +62,10 @@ def update_policy(
                 if norm is None and loss_agg == "seq-mean-token-sum-norm":  # the whole minibatch's width
                     norm = batch.select(index).trim().response_ids.shape[1]
                 mine, counts = dp.part(index)
-                tok, seq = shares(batch.response_mask, index, mine, counts)
+                tok, seq = shares(batch.loss_mask, index, mine, counts)
                 index = mine
             mb = batch.select(index).trim().to(device)
-            mask = mb.response_mask
+            mask = mb.loss_mask  # without the tokens the mismatch correction rejected
             with mixed_precision(device, compute):
                 logprobs, entropy = response_logprobs(
                     model, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.attention,
