@@ -86,6 +86,14 @@ def test_token_mis_averages_over_the_kept_tokens_only():
     assert mis_loss("token", "seq-mean-token-sum") == pytest.approx(-(6 + 4) / 2)          # (sums: as before)
 
 
+def test_sequence_mis_leaves_the_rejected_sequence_out_of_every_count():
+    # the whole second sequence is rejected: the loss is the first sequence's alone.
+    assert mis_loss("sequence", "token-mean") == pytest.approx(-6 / 3)                     # old: -6 / 5
+    assert mis_loss("sequence", "seq-mean-token-sum") == pytest.approx(-6.0)               # old: -6 / 2
+    assert mis_loss("sequence", "seq-mean-token-mean") == pytest.approx(-2.0)              # old: -2 / 2
+    assert mis_loss("sequence", "seq-mean-token-sum-norm") == pytest.approx(-6 / 4)        # old: -6 / 2 / 4
+
+
 def test_bad_settings_are_refused():
     with pytest.raises(ValueError, match="unknown correction"):
         rollout_correction(OLD, MU, MASK, mode="bogus")

@@ -147,6 +147,29 @@ def test_loss_aggregations_hand_computed():
     assert float(agg["seq-mean-token-sum-norm"](losses, mask, norm_length=10)) == pytest.approx(0.5)
 
 
+def test_seq_mean_aggregations_leave_fully_masked_rows_out_of_the_count():
+    # the third row has no token in the mask (say MIS rejected the whole sequence): verl's definition.
+    losses = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0], [9.0, 9.0, 9.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    agg = LOSS_AGGREGATIONS
+    assert float(agg["token-mean"](losses, mask)) == pytest.approx(10 / 4)
+    assert float(agg["seq-mean-token-sum"](losses, mask)) == pytest.approx((6 + 4) / 2)             # not / 3
+    assert float(agg["seq-mean-token-mean"](losses, mask)) == pytest.approx((2 + 4) / 2)            # not / 3
+    assert float(agg["seq-mean-token-sum-norm"](losses, mask)) == pytest.approx(10 / 2 / 3)  # not / 3 / 3
+
+
+@pytest.mark.parametrize("name", list(LOSS_AGGREGATIONS))
+def test_a_fully_masked_row_changes_no_aggregation(name):
+    gen = torch.Generator().manual_seed(3)
+    losses = torch.randn(4, 5, generator=gen)
+    mask = (torch.rand(4, 5, generator=gen) > 0.3).float()
+    mask[:, 0] = 1.0
+    more = torch.cat([losses, torch.randn(1, 5, generator=gen)]), torch.cat([mask, torch.zeros(1, 5)])
+    agg = LOSS_AGGREGATIONS[name]
+    torch.testing.assert_close(agg(*more), agg(losses, mask))
+    assert float(agg(losses, torch.zeros_like(mask))) == 0.0            # nothing to learn from: 0, not NaN
+
+
 def test_clipped_value_loss_hand_computed():
     # V_old = 0, V = 1, R = 1, clip 0.2: unclipped error 0, clipped V = 0.2 -> error 0.64; max -> 0.5 * 0.64.
     loss, m = clipped_value_loss(torch.tensor([[1.0]]), torch.tensor([[0.0]]), torch.tensor([[1.0]]), torch.ones(1, 1))

@@ -74,6 +74,29 @@ def test_two_ranks_take_the_single_trainers_step(tiny, tasks, tmp_path, loss_agg
     assert_close_to_one_trainer(results, reference)
 
 
+def test_a_ranks_share_counts_the_loss_tokens_and_the_rows_that_have_one():
+    from tempering.training.data_parallel import shares
+
+    mask = torch.tensor([[1.0, 1.0], [0.0, 0.0], [1.0, 0.0], [1.0, 1.0]])  # row 1: every token rejected
+    tok, seq = shares(mask, torch.arange(4), torch.tensor([0, 1]), True)
+    assert (tok, seq) == (2 / 5, 1 / 3)                                  # the seq-means count 3 rows, not 4
+    assert shares(mask, torch.arange(4), torch.tensor([2, 3]), True) == (3 / 5, 2 / 3)
+
+
+@pytest.mark.parametrize("loss_agg", ["token-mean", "seq-mean-token-mean"])
+def test_two_ranks_take_the_single_trainers_step_with_rejected_tokens(tiny, tasks, tmp_path, loss_agg):
+    """MIS took tokens, and one whole row, out of the loss mask: the ranks' shares count what is left."""
+    model, tokenizer = tiny
+    batch = make_batch(model, tokenizer, tasks[0][:4], [1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 1.0])
+    batch.kept_mask = batch.response_mask.clone()
+    batch.kept_mask[0] = 0.0
+    batch.kept_mask[5, :2] = 0.0
+    start = copy.deepcopy(model)
+    reference = train(model, batch, loss_agg=loss_agg)
+    results = ranks(2, tmp_path, lambda rank, dp: train(copy.deepcopy(start), batch, dp, loss_agg=loss_agg))
+    assert_close_to_one_trainer(results, reference)
+
+
 def test_more_ranks_than_rows_in_a_minibatch(tiny, tasks, tmp_path):
     """3 ranks, minibatches of 2 rows: one rank has nothing of its own in each and only takes part."""
     model, tokenizer = tiny

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from tempering.algos.inputs import LossInputs
-from tempering.algos.masked import masked_mean
+from tempering.algos.masked import masked_mean, sequence_mean
 
 # --------------------------------------------------------------------------------- aggregations
 
@@ -23,20 +23,25 @@ def token_mean(losses: Tensor, mask: Tensor, **_: object) -> Tensor:
     return masked_mean(losses, mask)
 
 
+# The seq-mean aggregations average over the sequences that have a token in `mask`: a fully masked row (every
+# token rejected by the mismatch correction) is not counted, as in verl's `agg_loss` (docs/algorithms.md).
+
+
 def seq_mean_token_sum(losses: Tensor, mask: Tensor, **_: object) -> Tensor:
     """Sum over each sequence's tokens, mean over sequences (long answers weigh more)."""
-    return (losses * mask).sum(-1).mean()
+    return sequence_mean((losses * mask).sum(-1), mask)
 
 
 def seq_mean_token_mean(losses: Tensor, mask: Tensor, **_: object) -> Tensor:
     """Mean over each sequence's tokens, then over sequences (the original GRPO's per-sample average)."""
-    return masked_mean(losses, mask, dim=-1).mean()
+    return sequence_mean(masked_mean(losses, mask, dim=-1), mask)
 
 
 def seq_mean_token_sum_norm(losses: Tensor, mask: Tensor, *, norm_length: int | None = None, **_: object) -> Tensor:
     """Sum over tokens divided by a constant length (default the batch's T), mean over sequences:
-    Dr. GRPO's unbiased aggregation (no per-sequence length normalisation)."""
-    return (losses * mask).sum(-1).mean() / float(norm_length or losses.shape[-1])
+    Dr. GRPO's unbiased aggregation (no per-sequence length normalisation). verl sums over sequences instead
+    (no sequence count), which scales its loss by its micro-batch size."""
+    return sequence_mean((losses * mask).sum(-1), mask) / float(norm_length or losses.shape[-1])
 
 
 LOSS_AGGREGATIONS: dict[str, Callable[..., Tensor]] = {

@@ -123,13 +123,14 @@ class DataParallel:
 
 
 def shares(mask: Tensor, index: Tensor, mine: Tensor, counts: bool) -> tuple[float, float]:
-    """This rank's share of a minibatch: (of its response tokens, of its sequences). `mask`: the batch's
-    response mask; `index` the minibatch's rows, `mine` this rank's; `counts` False for a rank that only
-    takes part (share 0)."""
+    """This rank's share of a minibatch: (of its loss tokens, of its sequences that have one - the seq-mean
+    aggregations count only those). `mask`: the batch's loss mask; `index` the minibatch's rows, `mine` this
+    rank's; `counts` False for a rank that only takes part (share 0)."""
     if not counts:
         return 0.0, 0.0
-    tokens = float(mask[index].sum())
-    return float(mask[mine].sum()) / max(tokens, 1.0), len(mine) / len(index)
+    rows = (mask.sum(-1) > 0).float()                                               # (B,) rows with a token
+    token_share = float(mask[mine].sum()) / max(float(mask[index].sum()), 1.0)
+    return token_share, float(rows[mine].sum()) / max(float(rows[index].sum()), 1.0)
 
 
 def unit_share(loss_agg: str, token_share: float, seq_share: float) -> float:
