@@ -12,7 +12,6 @@ key with its old and new value (summary.json repeats these lines as `config_chan
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +21,7 @@ import yaml
 
 from tempering.config import RunConfig, _section_at
 from tempering.errors import ConfigError
+from tempering.files import write_atomic
 
 MUTABLE: tuple[str, ...] = (
     "run.dir",            # a run directory may be moved or copied
@@ -177,22 +177,13 @@ def record(run_dir: Path, change: ConfigChange, allowed_by_flag: bool) -> dict[s
              "changed": {k: {"old": old, "new": new} for k, (old, new) in change.changed.items()}}
     log = history / "changes.jsonl"
     lines = log.read_text() if log.is_file() else ""
-    _write_whole(kept, change.previous_yaml)  # each file whole or not at all (a full disk, a crash)
+    write_atomic(kept, change.previous_yaml)  # each file whole or not at all (a full disk, a crash)
     try:
-        _write_whole(log, lines + json.dumps(entry, default=str) + "\n")
+        write_atomic(log, lines + json.dumps(entry, default=str) + "\n")
     except BaseException:
         kept.unlink(missing_ok=True)
         raise
     return entry
-
-
-def _write_whole(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def read_history(run_dir: Path) -> list[dict[str, Any]]:

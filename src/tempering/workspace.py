@@ -10,7 +10,6 @@ config - with one line naming the problem, before anything is written. Then the 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +24,7 @@ from tempering.data import MixtureSampler, generate_tasks, load_tasks, save_task
 from tempering.data.difficulty import in_range, kept, load_pass_rates
 from tempering.envs import env_context, environment_class
 from tempering.errors import ConfigError, SandboxError
+from tempering.files import write_atomic
 from tempering.models.loading import check_model_dir, compute_dtype, resolve_device
 from tempering.runtime import configure
 from tempering.sandbox import RemoteSandbox, Sandbox, SandboxLimits, limits_of, open_sandbox
@@ -34,18 +34,8 @@ from tempering.training.transcripts import sft_transcripts
 from tempering.types import Task
 
 
-def write_text(path: Path, text: str) -> None:
-    """Write `text` atomically: a crash or a full disk leaves the old file or the new one, never half of one."""
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 def write_json(path: Path, data: Any) -> None:
-    write_text(path, json.dumps(data, indent=1))
+    write_atomic(path, json.dumps(data, indent=1))
 
 
 @dataclass
@@ -139,7 +129,7 @@ def prepare(cfg: RunConfig, console: Console | None = None, allow_config_change:
                       f"{run_dir / entry['previous_config']}")
     if found is not None:
         found.record(run_dir, allow_config_change, console.print)
-    write_text(run_dir / "config.yaml", cfg.to_yaml())
+    write_atomic(run_dir / "config.yaml", cfg.to_yaml())
     data_dir = run_dir / "data"
     if not (data_dir / "heldout.jsonl").exists():
         save_tasks(train, data_dir / "train.jsonl")

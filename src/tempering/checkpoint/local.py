@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from tempering.errors import CheckpointError, DiskFullError, disk_full, free_bytes
+from tempering.files import write_atomic
 from tempering.models.lora import adapter_state, is_adapter_dir
 from tempering.models.registry import sha256 as _sha256
 
@@ -47,7 +48,7 @@ def write_manifest(directory: Path) -> dict[str, Any]:
         rel = path.relative_to(directory).as_posix()
         files[rel] = {"size": path.stat().st_size, "sha256": _sha256(path)}
     manifest = {"files": files}
-    _write_atomic(directory / MANIFEST, json.dumps(manifest, indent=1))
+    write_atomic(directory / MANIFEST, json.dumps(manifest, indent=1))
     return manifest
 
 
@@ -114,12 +115,6 @@ def outside_names(names) -> list[str]:
         if not parts or Path(rel).is_absolute() or ".." in parts or "\\" in rel:
             bad.append(str(rel))
     return bad
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 # --------------------------------------------------------------------------------------------- RNG
@@ -213,7 +208,7 @@ def write_snapshot(root: Path, snap: Snapshot, *, keep: int = 2, keep_every: int
     if final.exists():  # re-saving a step after a resume: the new copy replaces the old
         shutil.rmtree(final)
     os.replace(tmp, final)
-    _write_atomic(root / LATEST, name + "\n")
+    write_atomic(root / LATEST, name + "\n")
     prune(root, keep, keep_every, protect)
     return Checkpoint(final, snap.step)
 
