@@ -1,4 +1,4 @@
-"""The import contract (STYLE.md, "imports only go downward"), read from the source with `ast`.
+"""The import contract (imports only go downward), read from the source with `ast`.
 
 Every `import` counts, at module level or inside a function (a deferred import still ties the two files
 together), except under `if TYPE_CHECKING:`. `from pkg import name` is an edge to `pkg/name.py` when that
@@ -177,7 +177,7 @@ def test_no_import_cycle_between_files():
 
 
 def test_no_import_cycle_between_packages():
-    """Imports between packages go one way (DESIGN.md: orchestration -> components -> pure math -> leaves);
+    """Imports between packages go one way (orchestration -> components -> pure math -> leaves);
     the package root `__init__.py` (which only registers the config checks) is left out."""
     edges: dict[str, dict[str, int]] = {}
     for i in all_imports():

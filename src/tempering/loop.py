@@ -1,4 +1,4 @@
-"""The RL loop (DESIGN.md, "The loop"): collect -> score -> estimate -> update -> sync -> log / checkpoint.
+"""The RL loop: collect -> score -> estimate -> update -> sync -> log / checkpoint.
 
 One path: every task is an episode of its environment (a single-turn code task is a one-turn episode of
 the code environment), sampled by a rollout engine that owns the sampling distribution. Every random

@@ -120,7 +120,7 @@ class TestResult:
 
 @dataclass
 class ExecResult:
-    """What one sandboxed execution did (DESIGN.md, "Sandbox result")."""
+    """What one sandboxed execution did."""
 
     status: str
     exit_code: int | None = None

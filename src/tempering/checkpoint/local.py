@@ -1,6 +1,6 @@
 """Local checkpoints: everything that shapes the rest of a run, written so that a crash never leaves a half one.
 
-Layout (DESIGN.md, "Run directory"):
+Layout (docs/architecture.md, the run directory):
 
     checkpoints/step_NNNNNN/   model/ (HF format), optimizer.pt, scheduler.pt, rng.pt,
                                trainer_state.json, config.yaml, MANIFEST.json

@@ -1,4 +1,4 @@
-"""The environment protocol (DESIGN.md): `reset(task) -> observation`, `step(action) -> Step`.
+"""The environment protocol: `reset(task) -> observation`, `step(action) -> Step`.
 
 An episode is a conversation: the first observation is the prompt; each policy action (a turn of text)
 goes to `step`, which executes it - code in the sandbox, a call to a simulated API, an answer checked
@@ -34,7 +34,7 @@ from tempering.types import Task
 
 
 class Step(NamedTuple):
-    """What one action did; unpacks as DESIGN.md's `(observation, reward_components, done, info)`."""
+    """What one action did; unpacks as `(observation, reward_components, done, info)`."""
 
     observation: str | None
     """Text fed back to the model (None when the episode ends here)."""
