@@ -412,24 +412,12 @@ def _add_report_parser(sub) -> None:
     p.set_defaults(fn=cmd_report)
 
 
-def _quiet_libraries() -> None:
-    """No hub look-ups (models are local) and no per-file progress bars from transformers."""
-    import os
-
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-    hf_logging.set_verbosity_error()
-
-
 def main(argv: list[str] | None = None) -> int:
-    from tempering.runtime import fixed_mmap_threshold
+    from tempering.runtime import fixed_mmap_threshold, quiet_libraries
 
     fixed_mmap_threshold()  # every command, also those that never configure threads
     args = build_parser().parse_args(argv)
-    _quiet_libraries()
+    quiet_libraries()
     try:
         return args.fn(args)
     except Preempted as e:
