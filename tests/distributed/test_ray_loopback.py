@@ -32,7 +32,24 @@ except Exception as e:
 
 
 def tree(proc: "psutil.Process") -> list:
-    return [proc, *proc.children(recursive=True)]
+    """`proc` and its descendants still alive (short-lived helpers that Ray starts and reaps come and go
+    while the tree is listed)."""
+    return [p for p in [proc, *proc.children(recursive=True)] if name_of(p)]
+
+
+def name_of(p: "psutil.Process") -> str:
+    """The process's name, or "" once it has exited."""
+    try:
+        return p.name()
+    except psutil.NoSuchProcess:
+        return ""
+
+
+def alive(p: "psutil.Process") -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def listening(procs) -> list[tuple[str, str, int]]:
@@ -41,10 +58,7 @@ def listening(procs) -> list[tuple[str, str, int]]:
     out = []
     for c in psutil.net_connections("inet"):
         if c.pid in pids and c.laddr and (c.status == psutil.CONN_LISTEN or c.type == 2):  # 2: SOCK_DGRAM
-            try:
-                out.append((pids[c.pid].name(), c.laddr.ip, c.laddr.port))
-            except psutil.NoSuchProcess:
-                continue
+            out.append((name_of(pids[c.pid]), c.laddr.ip, c.laddr.port))
     return out
 
 
@@ -64,7 +78,7 @@ def wait_for(what, predicate, timeout=180.0):
 
 
 def gcs(procs):
-    return next((p for p in procs if p.name() == "gcs_server"), None)
+    return next((p for p in procs if name_of(p) == "gcs_server"), None)
 
 
 def test_a_local_ray_run_listens_on_loopback_asks_for_its_token_and_dies_with_its_driver(tmp_path):
@@ -79,7 +93,7 @@ def test_a_local_ray_run_listens_on_loopback_asks_for_its_token_and_dies_with_it
         wait_for("the first RL row", lambda: (run_dir / "metrics.jsonl").exists()
                  and (run_dir / "metrics.jsonl").read_text().strip())
         procs = tree(parent)
-        names = {p.name() for p in procs}
+        names = {name_of(p) for p in procs}
         assert {"gcs_server", "raylet"} <= names and sum(n.startswith("ray::RolloutWorker") for n in names) >= 1
         sockets = listening(procs)
         assert len(sockets) >= 6, sockets  # GCS, raylet (2), agents, each worker's and the driver's servers
@@ -104,13 +118,12 @@ def test_a_local_ray_run_listens_on_loopback_asks_for_its_token_and_dies_with_it
         driver.wait(timeout=30)
 
         def gone():
-            alive = [p for p in procs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-            return not alive or None
+            return not any(alive(p) for p in procs) or None
 
         try:
             wait_for("the cluster to die with its driver", gone, timeout=15)
         except AssertionError:
-            left = [(p.pid, p.name()) for p in procs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+            left = [(p.pid, name_of(p)) for p in procs if alive(p)]
             raise AssertionError(f"still running 15 s after the driver's kill -9: {left}; "
                                  f"listening: {listening(procs)}") from None
     finally:
