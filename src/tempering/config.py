@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ValidationError, model_validator
+from pydantic import BaseModel, ValidationError, ValidationInfo, model_validator
 
 from tempering.config_sections import (
     AlgoSection,
@@ -53,11 +53,13 @@ class RunConfig(Section):
     distributed: DistributedSection = DistributedSection()
 
     @model_validator(mode="after")
-    def _check_names(self) -> RunConfig:
+    def _check_names(self, info: ValidationInfo) -> RunConfig:
         """Registry names, user code, reward params and cross-field rules are checked here, so a mistake fails
         at load time, before the run directory is touched. The checks need the registries, which live above
         this module: `tempering.config_checks` registers them in `CHECKS` when `tempering` is imported, so
-        this module stays a leaf."""
+        this module stays a leaf. `load_config(..., checks=False)` skips them (nothing named is imported)."""
+        if info.context and not info.context.get("checks", True):
+            return self
         for check in CHECKS:
             check(self)
         return self
@@ -155,8 +157,9 @@ def _format_validation(error: ValidationError) -> str:
     return "; ".join(lines)
 
 
-def build_config(tree: dict[str, Any] | None = None, overrides: Sequence[str] = ()) -> RunConfig:
-    """Validate a nested dict plus dotted overrides into a RunConfig."""
+def build_config(tree: dict[str, Any] | None = None, overrides: Sequence[str] = (), *,
+                 checks: bool = True) -> RunConfig:
+    """Validate a nested dict plus dotted overrides into a RunConfig (`checks`: see `load_config`)."""
     tree = dict(tree or {})
     _walk_keys(tree, [])
     for text in overrides:
@@ -164,15 +167,17 @@ def build_config(tree: dict[str, Any] | None = None, overrides: Sequence[str] = 
         _check_key(path)
         _set(tree, path, value)
     try:
-        return RunConfig.model_validate(tree)
+        return RunConfig.model_validate(tree, context={"checks": checks})
     except ValidationError as e:
         raise ConfigError(_format_validation(e)) from None
 
 
-def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> RunConfig:
+def load_config(path: str | Path | None, overrides: Sequence[str] = (), *, checks: bool = True) -> RunConfig:
     """Read a YAML config (None = all defaults) and apply `key.path=value` overrides. A file may start
-    from another with `base: other.yaml` (relative to itself); its own keys override the base's."""
-    return build_config(_read_tree(Path(path)) if path is not None else {}, overrides)
+    from another with `base: other.yaml` (relative to itself); its own keys override the base's.
+    `checks=False` validates keys and types only: no user code it names is imported (a model's run config
+    read for its settings, `agent.commands.run_settings`)."""
+    return build_config(_read_tree(Path(path)) if path is not None else {}, overrides, checks=checks)
 
 
 def _read_tree(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:

@@ -5,13 +5,22 @@ import json
 import shutil
 import sys
 
+import pytest
 import yaml
 
 from tempering.agent.commands import run_settings
 from tempering.cli import main as cli
 from tempering.data import save_tasks
+from tempering.errors import TemperingError
 
 ENV = {"feedback_chars": 99, "max_context": 333, "chat_format": "plain", "options": {"code_instruction": "Solve:"}}
+
+
+def settings(env) -> dict:
+    return {"feedback_chars": env.feedback_chars, "code_instruction": env.options.code_instruction,
+            "chat_format": env.chat_format, "max_context": env.max_context}
+
+
 SETTINGS = {"feedback_chars": 99, "code_instruction": "Solve:", "chat_format": "plain", "max_context": 333}
 
 
@@ -31,8 +40,8 @@ def fake_run(root, tiny_model_dir):
 
 def test_run_settings_come_from_the_models_own_run_only(tmp_path, tiny_model_dir, monkeypatch):
     run = fake_run(tmp_path, tiny_model_dir)
-    assert run_settings(run / "sft" / "model") == SETTINGS
-    assert run_settings(run / "checkpoints" / "step_000001" / "model")["feedback_chars"] == 98
+    assert settings(run_settings(run / "sft" / "model")) == SETTINGS
+    assert run_settings(run / "checkpoints" / "step_000001" / "model").feedback_chars == 98
     # A config.yaml that merely lies nearby - the model's parent, the working directory - is someone else's:
     # it is not read, and nothing it names is imported.
     other = tmp_path / "elsewhere"
@@ -40,8 +49,22 @@ def test_run_settings_come_from_the_models_own_run_only(tmp_path, tiny_model_dir
     (other / "config.yaml").write_text(yaml.safe_dump({"env": {"feedback_chars": 77},
                                                        "reward": {"weights": {"evil_module_xyz:score": 1.0}}}))
     monkeypatch.chdir(other)
-    assert run_settings(other / "model") == {} and run_settings(tmp_path / "elsewhere" / "model") == {}
+    assert run_settings(other / "model") is None and run_settings(tmp_path / "elsewhere" / "model") is None
     assert "evil_module_xyz" not in sys.modules
+
+
+def test_run_settings_are_read_as_load_config_reads_a_config(tmp_path, tiny_model_dir):
+    """The run's config.yaml is a config like any other: its `base:` is followed, and a wrong key or type in
+    any section is a one-line error naming the file and the key - while user code it names is not imported."""
+    run = fake_run(tmp_path, tiny_model_dir)
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump({"env": ENV}))
+    (run / "config.yaml").write_text(yaml.safe_dump({"base": "../recipe.yaml", "env": {"feedback_chars": 97},
+                                                     "reward": {"weights": {"evil_module_xyz:score": 1.0}}}))
+    assert settings(run_settings(run / "sft" / "model")) == {**SETTINGS, "feedback_chars": 97}
+    assert "evil_module_xyz" not in sys.modules
+    (run / "config.yaml").write_text(yaml.safe_dump({"env": ENV, "rollout": {"temprature": 1.0}}))
+    with pytest.raises(TemperingError, match="config.yaml'.*unknown config key 'rollout.temprature'"):
+        run_settings(run / "sft" / "model")
 
 
 def test_the_repair_command_uses_its_models_run_settings_and_logs_every_attempt(tmp_path, tiny_model_dir, tasks,

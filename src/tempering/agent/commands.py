@@ -10,8 +10,12 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tempering.errors import TemperingError
+
+if TYPE_CHECKING:
+    from tempering.config_sections import EnvSection
 
 
 def _alert(args: argparse.Namespace, metrics):
@@ -28,27 +32,21 @@ def _alert(args: argparse.Namespace, metrics):
         raise TemperingError(str(e)) from None
 
 
-def run_settings(model_dir: Path) -> dict:
+def run_settings(model_dir: Path) -> EnvSection | None:
     """The environment settings of the run a model comes from - feedback length, instruction, chat format,
-    context budget - read from the config.yaml of the run or checkpoint that the model directory belongs to
-    (`checkpoint.owner_config`), and from no other file; {} for a model of no run. Only the `env` section is
-    read: nothing that config names is imported."""
-    import yaml
-    from pydantic import ValidationError
-
+    context budget: the `env` section of the config.yaml of the run or checkpoint that the model directory
+    belongs to (`checkpoint.owner_config`), read with `load_config` and from no other file; None for a model
+    of no run. The config's keys and types are checked, nothing it names is imported (`checks=False`)."""
     from tempering.checkpoint import owner_config
-    from tempering.config_sections import EnvSection
+    from tempering.config import load_config
 
     found = owner_config(model_dir)
     if found is None:
-        return {}
+        return None
     try:
-        tree = yaml.safe_load(found.read_text()) or {}
-        env = EnvSection.model_validate(tree.get("env") or {})
-    except (yaml.YAMLError, ValidationError, AttributeError) as e:
-        raise TemperingError(f"'{found}': its env section cannot be read ({' '.join(str(e).split())[:200]})") from None
-    return {"feedback_chars": env.feedback_chars, "code_instruction": env.options.code_instruction,
-            "chat_format": env.chat_format, "max_context": env.max_context}
+        return load_config(found, checks=False).env
+    except TemperingError as e:
+        raise TemperingError(f"'{found}': the model's run config cannot be read ({e})") from None
 
 
 def _tasks(args: argparse.Namespace):
@@ -104,7 +102,7 @@ def cmd_repair(args: argparse.Namespace) -> int:
     metrics = Metrics()
     alert = _alert(args, metrics)
     sampling = SamplingParams(args.temperature or 1.0, 1.0, args.max_tokens)
-    settings = {}  # a URL's run is unknown: --feedback-chars and --instruction say what it was trained with
+    env = None  # a URL's run is unknown: --feedback-chars and --instruction say what it was trained with
     configure(args.threads)
     if is_url(args.model):
         if not args.tokenizer:
@@ -116,19 +114,19 @@ def cmd_repair(args: argparse.Namespace) -> int:
         max_context = args.max_context or engine.max_context or 1024
     else:
         model_dir = resolve_model(args.model)
-        settings = run_settings(model_dir)
-        local = load_local(model_dir, device=args.device, max_context=args.max_context or settings.get("max_context"),
+        env = run_settings(model_dir)
+        local = load_local(model_dir, device=args.device, max_context=args.max_context or (env and env.max_context),
                            sampling=sampling, compute=args.compute)
         engine, max_context = local.engine, local.max_context
     if args.metrics_port:
         start_http_server(args.metrics_port, addr="127.0.0.1", registry=metrics.registry)
-    instruction = args.instruction or settings.get("code_instruction")
+    instruction = args.instruction or (env and env.options.code_instruction)
     with open_sandbox() as sandbox:
-        ctx = EnvContext(sandbox, feedback_chars=args.feedback_chars or settings.get("feedback_chars", FEEDBACK_CHARS),
+        ctx = EnvContext(sandbox, feedback_chars=args.feedback_chars or (env.feedback_chars if env else FEEDBACK_CHARS),
                          options={"code_instruction": instruction})
         report = repair(engine, tasks, ctx, RepairSettings(args.repairs, not args.no_stuck, args.temperature <= 0,
                                                            args.seed),
-                        max_context=max_context, chat=args.chat_format or settings.get("chat_format", "auto"),
+                        max_context=max_context, chat=args.chat_format or (env.chat_format if env else "auto"),
                         name=args.model, log=JsonLog(args.log), metrics=metrics, alert=alert)
     summary = {"model": args.model, "repairs": args.repairs, **report.summary(),
                "alerts": alert.fired if alert else 0}
@@ -159,9 +157,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     check_address(args.host, args.port)
     alert = _alert(args, Metrics())
     model_dir = resolve_model(args.model)
-    settings = run_settings(model_dir)
+    env = run_settings(model_dir)
     configure(args.threads)
-    chat = load_local(model_dir, device=args.device, chat=args.chat_format or settings.get("chat_format", "auto"),
+    chat = load_local(model_dir, device=args.device, chat=args.chat_format or (env.chat_format if env else "auto"),
                       max_context=args.max_context, compute=args.compute)
     chat.name = args.name or Path(args.model).name
     auth = "token required" if token else "no token (loopback only)"
