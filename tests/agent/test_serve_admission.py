@@ -17,6 +17,7 @@ import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
 from tempering.agent.backends import local_model
+from tempering.agent.monitor import Metrics
 from tempering.agent.server import ServeLimits, create_app
 from tempering.models.loading import load_model, load_tokenizer
 
@@ -42,13 +43,15 @@ def serve(tiny_model_dir):
     servers = []
 
     def start(limits=None, max_batch=32, step_s=STEP_S):
-        chat = local_model(load_model(tiny_model_dir), load_tokenizer(tiny_model_dir), name="tiny")
+        metrics = Metrics()  # the engine's steps feed the server's batch-size metric, as `tempering serve` wires it
+        chat = local_model(load_model(tiny_model_dir), load_tokenizer(tiny_model_dir), name="tiny", max_rows=max_batch,
+                           on_step=metrics.batch_size.observe)
         scheduler = chat.engine.scheduler
         counted = scheduler._forward = Counted(scheduler._forward, step_s)
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        server = uvicorn.Server(uvicorn.Config(create_app(chat, limits=limits or ServeLimits(), max_batch=max_batch), host="127.0.0.1", port=port,
+        server = uvicorn.Server(uvicorn.Config(create_app(chat, limits=limits or ServeLimits(), metrics=metrics), host="127.0.0.1", port=port,
                                                log_level="warning"))
         thread = threading.Thread(target=server.run, daemon=True)
         thread.start()

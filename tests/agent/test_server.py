@@ -164,12 +164,53 @@ def test_an_out_of_range_serve_option_is_one_error_before_the_model_loads(option
     assert len(err) == 1 and err[0].startswith("error: ") and option[1] in err[0] and "no-model" not in err[0], err
 
 
-def test_an_app_with_no_rows_to_generate_is_refused(tiny_model_dir):
-    from tempering.agent.server import create_app
+def test_an_engine_with_no_rows_to_generate_is_refused(tiny_model_dir):
+    with pytest.raises(ValueError, match="max_rows 0"):  # it would queue every request forever
+        local_model(load_model(tiny_model_dir), load_tokenizer(tiny_model_dir), name="tiny", max_rows=0)
 
-    chat = local_model(load_model(tiny_model_dir), load_tokenizer(tiny_model_dir), name="tiny")
-    with pytest.raises(ValueError, match="max_batch 0"):  # it would queue every request forever
-        create_app(chat, max_batch=0)
+
+class Echo:
+    """A request engine that is not a `LocalEngine` (no scheduler): it answers each request at once with
+    the request's own last prompt tokens, then a stop token."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.stop_ids, self.started, self.closed = tokenizer, (tokenizer.eos_token_id,), 0, 0
+
+    def submit(self, request):
+        from tempering.rollout.protocol import Completion, Handle
+
+        handle = Handle(request)
+        ids = [*request.prompt[-3:], self.stop_ids[0]]
+        for token in ids:
+            request.on_token(token, None, 0)
+        handle.future.set_result(Completion(request.prompt, ids, [0.0] * len(ids), "stop", 0))
+        return handle
+
+    def start(self):
+        self.started += 1
+
+    def close(self):
+        self.closed += 1
+
+
+def test_serve_takes_any_engine_of_the_request_protocol(tiny_model_dir):
+    from fastapi.testclient import TestClient
+
+    from tempering.agent.backends import LocalModel
+    from tempering.agent.server import create_app
+    from tempering.rollout.chat import chat_format
+
+    tokenizer = load_tokenizer(tiny_model_dir)
+    engine = Echo(tokenizer)
+    chat = LocalModel("echo", engine, tokenizer, chat_format(tokenizer, "auto"), 64)
+    with TestClient(create_app(chat)) as http:
+        assert engine.started == 1
+        reply = http.post("/v1/completions", json={"model": "echo", "prompt": "def add(a, b):", "max_tokens": 8})
+        assert reply.status_code == 200, reply.text
+        prompt = tokenizer("def add(a, b):", add_special_tokens=False).input_ids
+        assert reply.json()["choices"][0]["text"] == tokenizer.decode(prompt[-3:])
+        assert reply.json()["choices"][0]["finish_reason"] == "stop"
+    assert engine.closed == 1
 
 
 def test_a_port_in_use_is_one_error_before_the_model_loads(tmp_path, capsys):

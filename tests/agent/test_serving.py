@@ -7,7 +7,7 @@ import pytest
 
 from tempering.agent.serving import Job, StopScan, token_bytes
 from tempering.models.loading import load_tokenizer
-from tempering.rollout.scheduler import Completion, Handle
+from tempering.rollout.protocol import Completion, Handle
 
 
 class Engine:

@@ -12,8 +12,8 @@ from tempering.models.forward import response_logprobs
 from tempering.rollout.engine import LocalEngine, SamplingParams
 from tempering.rollout.episodes import run_episodes
 from tempering.rollout.generate import encode_prompt
+from tempering.rollout.protocol import Request
 from tempering.rollout.sampling import sample
-from tempering.rollout.scheduler import Request
 
 
 def prompts_of(tokenizer, tasks, n):

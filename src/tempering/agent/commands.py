@@ -155,19 +155,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
     token = read_token(args.token_file, TOKEN_ENV, TOKEN_FILE_ENV)
     check_exposure(args.host, token)  # before the model loads (or is prepared: minutes)
     check_address(args.host, args.port)
-    alert = _alert(args, Metrics())
+    metrics = Metrics()
+    alert = _alert(args, metrics)
     model_dir = resolve_model(args.model)
     env = run_settings(model_dir)
     configure(args.threads)
     chat = load_local(model_dir, device=args.device, chat=args.chat_format or (env.chat_format if env else "auto"),
-                      max_context=args.max_context, compute=args.compute)
+                      max_context=args.max_context, compute=args.compute, max_rows=args.max_batch,
+                      on_step=metrics.batch_size.observe)
     chat.name = args.name or Path(args.model).name
     auth = "token required" if token else "no token (loopback only)"
     print(f"serving {chat.name} on http://{args.host}:{args.port}/v1 ({auth}); Ctrl-C stops it", file=sys.stderr)
     limits = ServeLimits(max_pending=args.max_pending, client_pending=args.client_pending, max_n=args.max_n,
                          max_tokens=args.max_tokens_cap)
-    serve(chat, args.host, args.port, token=token, log_path=args.log, alert=alert, max_batch=args.max_batch,
-          limits=limits)
+    serve(chat, args.host, args.port, token=token, log_path=args.log, alert=alert, limits=limits, metrics=metrics)
     return 0
 
 

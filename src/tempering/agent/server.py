@@ -29,6 +29,10 @@ which clients send as their API key (`Authorization: Bearer ...`); the sandbox s
 and caps request bodies. Every error is OpenAI's JSON shape ({"error": {"message", "type", "param", "code"}},
 `code` a string or null), its own (401, 413, 429) as well as an unknown path (404) or method (405).
 
+Engine: any request engine (`rollout.protocol.RequestEngine`: submit, start, close); how many rows it
+decodes together and who hears each step's batch size are its own constructor arguments (`tempering serve
+--max-batch`, the server's metrics), set when the model is opened.
+
 Layout: `OpenAIServer` holds one server's state (the model and its engine, the caps, the admission, the
 metrics, the log) and has one short method per route, put on FastAPI in `OpenAIServer.app`; `create_app`
 builds one and returns its ASGI app. The request bodies, the caps (`ServeLimits`) and the checks made before
@@ -166,15 +170,12 @@ class OpenAIServer:
     once: it starts the engine)."""
 
     def __init__(self, chat: LocalModel, *, token: str | None = None, log_path: str | None = None,
-                 alert: AlertRule | None = None, max_batch: int = 32, limits: ServeLimits | None = None):
+                 alert: AlertRule | None = None, limits: ServeLimits | None = None, metrics: Metrics | None = None):
         from tempering.sandbox.app import Admission
 
-        if max_batch < 1:
-            raise ValueError(f"max_batch {max_batch}: at least one row is needed to generate anything")
         limits = limits or ServeLimits()
         self.chat, self.engine, self.token, self.alert, self.limits = chat, chat.engine, token, alert, limits
-        self.max_batch = max_batch
-        self.metrics = alert.metrics if alert and alert.metrics else Metrics()
+        self.metrics = metrics or (alert.metrics if alert and alert.metrics else Metrics())
         self.admission = Admission(limits.max_pending, limits.client_pending, noun="requests", who="server")
         self.tokenizing = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tokenize")
         self.log = JsonLog(log_path)
@@ -198,8 +199,6 @@ class OpenAIServer:
         app.add_api_route("/v1/chat/completions", self.chat_completions, methods=["POST"],
                           response_model=None)
         app.add_api_route("/v1/completions", self.completions, methods=["POST"], response_model=None)
-        scheduler = self.engine.scheduler
-        scheduler.max_rows, scheduler.on_step = self.max_batch, self.metrics.batch_size.observe
         self.engine.start()  # last: nothing after it can fail and leave its thread running
         observed = Observe(Gate(app, self.admission), self.metrics, self.log, self.alert)
         return Guard(observed, self.token, self.limits.max_request_bytes, error=guard_error)
@@ -391,11 +390,9 @@ class OpenAIServer:
 
 
 def create_app(chat: LocalModel, *, token: str | None = None, log_path: str | None = None,
-               alert: AlertRule | None = None, max_batch: int = 32,
-               limits: ServeLimits | None = None):
+               alert: AlertRule | None = None, limits: ServeLimits | None = None, metrics: Metrics | None = None):
     """The ASGI app of an `OpenAIServer` over `chat` (see `OpenAIServer.app`)."""
-    server = OpenAIServer(chat, token=token, log_path=log_path, alert=alert, max_batch=max_batch, limits=limits)
-    return server.app()
+    return OpenAIServer(chat, token=token, log_path=log_path, alert=alert, limits=limits, metrics=metrics).app()
 
 
 def check_exposure(host: str, token: str | None) -> None:
@@ -421,13 +418,13 @@ def check_address(host: str, port: int) -> None:
 
 
 def serve(chat: LocalModel, host: str = "127.0.0.1", port: int = 8000, *, token: str | None = None,
-          log_path: str | None = None, alert: AlertRule | None = None, max_batch: int = 32,
-          limits: ServeLimits | None = None) -> None:
+          log_path: str | None = None, alert: AlertRule | None = None, limits: ServeLimits | None = None,
+          metrics: Metrics | None = None) -> None:
     """Serve until interrupted. Refuses a non-loopback address without a token."""
     import uvicorn
 
     check_exposure(host, token)
-    app = create_app(chat, token=token, log_path=log_path, alert=alert, max_batch=max_batch, limits=limits)
+    app = create_app(chat, token=token, log_path=log_path, alert=alert, limits=limits, metrics=metrics)
     # Everything loaded so far (torch, transformers, the model) is never garbage: out of the collector's
     # sight, a full collection no longer walks it - measured, it was what stalled /health for ~0.2 s in a
     # flood of 300 requests (bench/serve_throughput.py).

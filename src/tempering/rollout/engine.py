@@ -19,16 +19,15 @@ in a thread of its own (`start`); `generate` without one drives the loop in the 
 keeps a training run's schedule - and so its samples - fixed. Nothing here assumes the engine shares the
 trainer's process or memory: the trainer only hands it a state dict and a version number, and reads back
 token ids and log-probs (CPU tensors); a Ray actor, a vLLM engine or an OpenAI-compatible HTTP client
-implement the same protocol. `make_engine` is the one way to build one.
+implement the same protocol (its batch and request parts, and the request types: `protocol.py`).
+`make_engine` is the one way to build one.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextlib import nullcontext
-from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 from torch import Tensor
@@ -38,46 +37,23 @@ from tempering.models.lora import is_peft, merged_copy
 from tempering.rollout.chat import stop_token_ids
 from tempering.rollout.decoder import FAMILY
 from tempering.rollout.generate import Generation, generation_of
-from tempering.rollout.scheduler import Completion, Handle, Request, Scheduler
+from tempering.rollout.protocol import BatchEngine, Completion, Handle, Request, SamplingParams
+from tempering.rollout.scheduler import Scheduler
 
-
-@dataclass(frozen=True)
-class SamplingParams:
-    temperature: float = 1.0
-    """Softmax temperature of sampling - and of every log-prob the trainer computes for these samples."""
-    top_p: float = 1.0
-    """Nucleus sampling; recorded log-probs are under the full tempered distribution (as verl does)."""
-    max_new_tokens: int = 48
-    """Most tokens one generation (one turn) may write."""
-
-
-class Engine(Protocol):
-    tokenizer: object
-    sampling: SamplingParams
-    version: int
-    stop_ids: tuple[int, ...]
-    """Ids that end a generation (EOS, the chat template's end of turn); an action ends with one of them."""
-
-    def generate(self, contexts: list[list[int]], *, generator: torch.Generator | None = None,
-                 greedy: bool = False, max_new_tokens: int | None = None, keep: bool = False) -> Generation: ...
-
-    def logprobs(self, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor,
-                 response_attention: Tensor) -> Tensor: ...
-
-    def load_weights(self, state: Mapping[str, Tensor], version: int) -> None: ...
-
-    def release(self) -> None:
-        """Drop what is kept for next turns and free the cache's memory (the episodes are done)."""
+Engine = BatchEngine
+"""The engine as the episode driver, evaluation and the repair agent use it (`protocol.BatchEngine`)."""
+DEFAULT_SAMPLING = SamplingParams()
 
 
 class LocalEngine:
     """Samples with a transformers model in this process (see the module docstring). `adapters=False`
     serves a peft model's base with its LoRA adapters disabled (a LoRA run's reference). `max_rows` bounds
-    the rows decoded together (more requests wait for a free slot)."""
+    the rows decoded together (more requests wait for a free slot); `on_step` hears each decode step's
+    number of rows (a server's batch-size metric)."""
 
-    def __init__(self, model, tokenizer, sampling: SamplingParams = SamplingParams(), version: int = 0,
+    def __init__(self, model, tokenizer, sampling: SamplingParams = DEFAULT_SAMPLING, version: int = 0,
                  adapters: bool = True, max_rows: int = 256, max_length: int | None = None,
-                 dtype: torch.dtype | None = None):
+                 dtype: torch.dtype | None = None, on_step: Callable[[int], None] | None = None):
         self.model, self.tokenizer, self.sampling, self.version = model, tokenizer, sampling, version
         self.stop_ids = stop_token_ids(tokenizer, model)
         self._weights = nullcontext if adapters else model.disable_adapter
@@ -86,7 +62,7 @@ class LocalEngine:
         self._dtype = dtype if dtype not in (None, torch.float32, next(model.parameters()).dtype) else None
         assert adapters or self._dtype is None, "a reference engine samples nothing: it needs no bf16 copy"
         self.scheduler = Scheduler(model, self.stop_ids, max_rows=max_rows, max_length=max_length,
-                                   version=lambda: self.version)
+                                   version=lambda: self.version, on_step=on_step)
         self._copy = None
         self._loop: threading.Thread | None = None
         self._wake = threading.Event()
@@ -248,9 +224,9 @@ class _PackedLinear(torch.nn.Module):
 ENGINES = ("local", "vllm", "http")
 
 
-def make_engine(source, tokenizer, sampling: SamplingParams = SamplingParams(), *, kind: str = "local",
+def make_engine(source, tokenizer, sampling: SamplingParams = DEFAULT_SAMPLING, *, kind: str = "local",
                 version: int = 0, adapters: bool = True, max_rows: int = 256, dtype: torch.dtype | None = None,
-                **options) -> Engine:
+                on_step: Callable[[int], None] | None = None, **options) -> Engine:
     """The one way to build an engine. `kind`: `local` (`source` a transformers model in this process;
     `dtype` a lower precision to sample in - `models.loading.compute_dtype(cfg.model.compute, device)`;
     None or float32 = the model's own),
@@ -258,7 +234,7 @@ def make_engine(source, tokenizer, sampling: SamplingParams = SamplingParams(), 
     an OpenAI-compatible server; `options` as `remote.HTTPEngine` takes them)."""
     if kind == "local":
         return LocalEngine(source, tokenizer, sampling, version=version, adapters=adapters, max_rows=max_rows,
-                           dtype=dtype)
+                           dtype=dtype, on_step=on_step)
     if kind == "http":
         from tempering.rollout.remote import HTTPEngine
 

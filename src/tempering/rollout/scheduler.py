@@ -22,7 +22,6 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -32,7 +31,8 @@ from transformers import AttentionInterface
 
 from tempering.rollout.decoder import LlamaDecoder
 from tempering.rollout.kvcache import SlotCache
-from tempering.rollout.sampling import Sampled, Uniforms, sample
+from tempering.rollout.protocol import Completion, Handle, Request
+from tempering.rollout.sampling import Uniforms, sample
 
 ATTENTION = "tempering_slots"
 
@@ -65,58 +65,6 @@ AttentionInterface.register(ATTENTION, slot_attention)
 
 
 @dataclass
-class Request:
-    prompt: list[int]
-    """The whole context, token ids (a multi-turn episode's prompt, actions and observations so far)."""
-    max_tokens: int
-    temperature: float = 1.0
-    """0 = greedy."""
-    top_p: float = 1.0
-    seed: int = 0
-    """The row's own random stream (`sampling.Uniforms`)."""
-    top_logprobs: int = 0
-    keep: bool = False
-    """Keep the sequence's cache when it is done: a next request that extends it computes only its new tokens."""
-    on_token: Callable[[int, Sampled, int], bool] | None = None
-    """Streaming: hears (token, the step's `Sampled`, the row's index in it) for each token; True ends the row
-    now (finish reason `stop`)."""
-
-
-@dataclass
-class Completion:
-    prompt: list[int]
-    ids: list[int]
-    """The sampled tokens, the stop token included when one ended the row."""
-    logprobs: list[float]
-    """Of each sampled token under the row's sampling distribution."""
-    finish_reason: str
-    """`stop` (a stop token, or the request's own stop), `length` (max_tokens), `cancelled`."""
-    version: int
-    """The policy version that sampled it."""
-    reused: int = 0
-    """Prompt tokens whose cache came from a kept sequence (not computed again)."""
-
-
-class Handle:
-    """A submitted request: its result (a `Completion`) and how to cancel it."""
-
-    def __init__(self, request: Request):
-        self.request = request
-        self.future: Future = Future()
-        self.cancelled = threading.Event()
-
-    def cancel(self) -> None:
-        """The row leaves its batch at the next step (or never runs, if it is still waiting)."""
-        self.cancelled.set()
-
-    def result(self, timeout: float | None = None) -> Completion:
-        return self.future.result(timeout)
-
-    def done(self) -> bool:
-        return self.future.done()
-
-
-@dataclass
 class _Row:
     handle: Handle
     tokens: list[int]
@@ -138,7 +86,12 @@ class _Kept:
 
 class Scheduler:
     def __init__(self, model, stop_ids: tuple[int, ...], *, max_rows: int = 256, max_length: int | None = None,
-                 prefill_chunk: int = 512, version: Callable[[], int] = lambda: 0):
+                 prefill_chunk: int = 512, version: Callable[[], int] = lambda: 0,
+                 on_step: Callable[[int], None] | None = None):
+        """`max_rows`: most rows decoded together (more requests wait for a free slot); `on_step` hears the
+        number of rows of each decode step (a server's batch-size metric)."""
+        if max_rows < 1:
+            raise ValueError(f"max_rows {max_rows}: at least one row is needed to generate anything")
         self.use(model)
         self.stops = set(stop_ids)
         self.max_rows, self.prefill_chunk, self.version = max_rows, prefill_chunk, version
@@ -150,8 +103,7 @@ class Scheduler:
         self.kept: list[_Kept] = []    # done sequences kept for their next turn, least recently used first
         self.lock = threading.Lock()
         self.prefilled = 0             # prompt tokens computed (for metrics: reuse shows as fewer)
-        self.on_step: Callable[[int], None] = lambda rows: None
-        """Hears the number of rows of each decode step (a server's batch-size metric)."""
+        self.on_step = on_step or (lambda rows: None)
 
     def use(self, model) -> None:
         """Sample with `model` from now on (the same weights' merged copy, say; kept caches stay valid)."""
