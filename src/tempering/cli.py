@@ -94,8 +94,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from tempering.data import load_tasks
     from tempering.envs import EnvContext
     from tempering.eval.evaluate import evaluate
-    from tempering.models.loading import compute_dtype, load_model, load_tokenizer, resolve_device
-    from tempering.rollout.engine import SamplingParams, make_engine
+    from tempering.rollout.engine import SamplingParams, open_model
     from tempering.runtime import configure
     from tempering.sandbox import open_sandbox
 
@@ -104,12 +103,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     ks = args.k
     if max(ks) > args.samples and not args.greedy:
         raise TemperingError(f"--k {max(ks)} needs --samples >= {max(ks)}")
-    device = resolve_device(args.device, "--device")
     configure(args.threads)
-    compute = compute_dtype(args.compute, device, "--compute")
-    model = load_model(model_dir, device=device)
-    tokenizer = load_tokenizer(model_dir)
-    engine = make_engine(model, tokenizer, SamplingParams(args.temperature, 1.0, args.max_new_tokens), dtype=compute)
+    engine = open_model(model_dir, SamplingParams(args.temperature, 1.0, args.max_new_tokens), device=args.device,
+                        compute=args.compute, keys=("--device", "--compute"))
     with open_sandbox() as sandbox:
         # pass@k of the final attempt; with --turns > 1 also first_turn_pass@1 (feedback between attempts).
         ctx = EnvContext(sandbox, max_turns=args.turns, options={"code_instruction": args.instruction})

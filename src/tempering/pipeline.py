@@ -44,7 +44,7 @@ from tempering.models.lora import is_adapter_dir
 from tempering.models.registry import prepare as prepare_model
 from tempering.models.tokenizer import train_tokenizer
 from tempering.rollout.chat import chat_format
-from tempering.rollout.engine import SamplingParams, make_engine
+from tempering.rollout.engine import SamplingParams, open_model
 from tempering.runtime import configure
 from tempering.sandbox import Sandbox
 from tempering.state import TrainState
@@ -204,9 +204,7 @@ def heldout_eval(ws: Workspace, model_dir: Path, sandbox: Sandbox, name: str, st
 
 def config_engine(cfg: RunConfig, model_dir: Path, sampling: SamplingParams):
     """An engine over `model_dir` as the config loads and runs models (dtype, device, compute)."""
-    model = load_model(model_dir, dtype=cfg.model.dtype, device=cfg.run.device)
-    return make_engine(model, load_tokenizer(model_dir), sampling, dtype=compute_dtype(cfg.model.compute,
-                                                                                      cfg.run.device))
+    return open_model(model_dir, sampling, device=cfg.run.device, compute=cfg.model.compute, dtype=cfg.model.dtype)
 
 
 def measure_pass_rates(cfg: RunConfig, per_family: int, samples: int, seed: int) -> dict[str, Any]:

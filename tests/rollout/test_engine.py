@@ -238,3 +238,45 @@ def test_bf16_compute_is_refused_where_it_is_slower_and_auto_falls_back(monkeypa
     monkeypatch.setattr(loading, "bf16_fast", lambda device: True)
     assert loading.compute_dtype("auto", "cpu") == loading.compute_dtype("bfloat16", "cpu") == torch.bfloat16
     assert loading.compute_dtype("float32", "cpu") == torch.float32
+
+
+def test_open_model_checks_device_and_compute_before_loading(tmp_path):
+    from tempering.errors import ConfigError
+    from tempering.rollout.engine import open_model
+
+    missing = tmp_path / "no-model"  # never read: the settings fail first
+    with pytest.raises(ConfigError, match=r"--device=cuda:9 but"):
+        open_model(missing, device="cuda:9", keys=("--device", "--compute"))
+    with pytest.raises(ConfigError, match=r"model.compute=float8: expected one of"):
+        open_model(missing, device="cpu", compute="float8")
+
+
+def test_eval_serve_repair_and_the_pipeline_open_models_one_way(tiny_model_dir, tasks, tmp_path, monkeypatch):
+    """`tempering eval`, `load_local` (repair, serve) and the pipeline's evaluations all go through
+    `rollout.engine.open_model`, with their own settings."""
+    import tempering.pipeline
+    import tempering.rollout.engine as engines
+    from tempering.agent.backends import load_local
+    from tempering.cli import main as cli
+    from tempering.config import build_config
+    from tempering.data import save_tasks
+
+    opened = []
+    real = engines.open_model
+
+    def spy(model_dir, sampling=engines.DEFAULT_SAMPLING, **kw):
+        opened.append((str(model_dir), sampling, kw.get("keys"), kw.get("max_rows")))
+        return real(model_dir, sampling, **kw)
+
+    monkeypatch.setattr(engines, "open_model", spy)
+    monkeypatch.setattr(tempering.pipeline, "open_model", spy)
+    save_tasks(tasks[1][:1], tmp_path / "tasks.jsonl")
+    assert cli(["eval", str(tiny_model_dir), "--tasks", str(tmp_path / "tasks.jsonl"), "--samples", "1",
+                "--max-new-tokens", "4", "--threads", "1"]) == 0
+    served = load_local(tiny_model_dir, max_rows=3)
+    engine = tempering.pipeline.config_engine(build_config(), tiny_model_dir, SamplingParams(0.5, 1.0, 7))
+    flags = ("--device", "--compute")
+    assert opened == [(str(tiny_model_dir), SamplingParams(1.0, 1.0, 4), flags, None),
+                      (str(tiny_model_dir), SamplingParams(), flags, 3),
+                      (str(tiny_model_dir), SamplingParams(0.5, 1.0, 7), None, None)]
+    assert served.engine.scheduler.max_rows == 3 and engine.sampling.max_new_tokens == 7

@@ -1,7 +1,7 @@
 """A local model as the deployment side's commands use it: its engine, tokenizer, chat format and context.
 
 `load_local` takes anything `checkpoint.resolve_model` takes (a model, checkpoint or run directory, a
-registry name) and builds the engine with `rollout.engine.make_engine`, as training does. `tempering
+registry name) and opens it with `rollout.engine.open_model`, as `eval` and the pipeline do. `tempering
 serve` renders each request's messages with the format the model was trained with (`rollout.chat`: its
 tokenizer's template, or the plain format of the tiny model) and submits them to the engine; `tempering
 repair` runs its episodes on it (or on an OpenAI-compatible URL: `make_engine(url, kind="http")`).
@@ -18,6 +18,8 @@ from tempering.rollout.protocol import RequestEngine, SamplingParams
 
 if TYPE_CHECKING:
     import torch
+
+    from tempering.rollout.engine import LocalEngine
 
 Messages = list[dict[str, str]]
 
@@ -41,14 +43,21 @@ class LocalModel:
 def local_model(model, tokenizer, *, name: str = "local", chat: str = "auto", max_context: int | None = None,
                 dtype: torch.dtype | None = None, sampling: SamplingParams | None = None, max_rows: int = 256,
                 on_step: Callable[[int], None] | None = None) -> LocalModel:
-    from tempering.rollout.chat import chat_format
-    from tempering.rollout.engine import make_engine
+    """A model already in memory, served (tests; `load_local` opens one from its directory)."""
+    from tempering.rollout.engine import LocalEngine
 
-    limit = getattr(model.config, "max_position_embeddings", None) or getattr(model.config, "n_positions", None) \
-        or 1 << 30
-    return LocalModel(name, make_engine(model, tokenizer, sampling or SamplingParams(), dtype=dtype,
-                                              max_rows=max_rows, on_step=on_step), tokenizer,
-                      chat_format(tokenizer, chat),
+    engine = LocalEngine(model, tokenizer, sampling or SamplingParams(), dtype=dtype, max_rows=max_rows,
+                         on_step=on_step)
+    return served(engine, name=name, chat=chat, max_context=max_context)
+
+
+def served(engine: LocalEngine, *, name: str, chat: str, max_context: int | None) -> LocalModel:
+    """`engine` with its chat format and context budget (at most the model's own positions)."""
+    from tempering.rollout.chat import chat_format
+
+    config = engine.model.config
+    limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None) or 1 << 30
+    return LocalModel(name, engine, engine.tokenizer, chat_format(engine.tokenizer, chat),
                       min(max_context or limit, limit))
 
 
@@ -56,13 +65,11 @@ def load_local(spec: str | Path, *, device: str = "auto", chat: str = "auto", ma
                sampling: SamplingParams | None = None, compute: str = "float32", max_rows: int = 256,
                on_step: Callable[[int], None] | None = None) -> LocalModel:
     """A local model from anything `checkpoint.resolve_model` takes: a model directory, a checkpoint or run
-    directory (its newest model), or a registry name (`smollm2-135m-instruct`, prepared on first use)."""
+    directory (its newest model), or a registry name (`smollm2-135m-instruct`, prepared on first use),
+    opened by `rollout.engine.open_model` as `eval` and the pipeline open theirs."""
     from tempering.checkpoint import resolve_model
-    from tempering.models.loading import compute_dtype, load_model, load_tokenizer, resolve_device
+    from tempering.rollout.engine import open_model
 
-    model_dir = resolve_model(spec)
-    device = resolve_device(device, "--device")
-    dtype = compute_dtype(compute, device, "--compute")
-    model = load_model(model_dir, device=device)
-    return local_model(model, load_tokenizer(model_dir), name=str(spec), chat=chat, max_context=max_context,
-                       sampling=sampling, dtype=dtype, max_rows=max_rows, on_step=on_step)
+    engine = open_model(resolve_model(spec), sampling or SamplingParams(), device=device, compute=compute,
+                        keys=("--device", "--compute"), max_rows=max_rows, on_step=on_step)
+    return served(engine, name=str(spec), chat=chat, max_context=max_context)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Mapping
 from contextlib import nullcontext
+from pathlib import Path
 
 import torch
 from torch import Tensor
@@ -222,6 +223,22 @@ class _PackedLinear(torch.nn.Module):
 
 
 ENGINES = ("local", "vllm", "http")
+
+
+def open_model(model_dir: str | Path, sampling: SamplingParams = DEFAULT_SAMPLING, *, device: str = "auto",
+               compute: str = "float32", dtype: str = "float32", keys: tuple[str, str] = ("run.device", "model.compute"),
+               max_rows: int = 256, on_step: Callable[[int], None] | None = None) -> LocalEngine:
+    """The one way a model directory becomes an engine (`eval`, `repair`, `serve`, the pipeline's
+    evaluations): `device` resolved (`auto` = CUDA when present), the sampling precision `compute` chosen
+    for it (`models.loading.compute_dtype`), both checked before the weights load (in `dtype`); `keys` name
+    the two settings in those errors (`--device` and `--compute` on the command line)."""
+    from tempering.models.loading import compute_dtype, load_model, load_tokenizer, resolve_device
+
+    device = resolve_device(device, keys[0])
+    precision = compute_dtype(compute, device, keys[1])
+    model = load_model(model_dir, dtype=dtype, device=device)
+    return LocalEngine(model, load_tokenizer(model_dir), sampling, dtype=precision, max_rows=max_rows,
+                       on_step=on_step)
 
 
 def make_engine(source, tokenizer, sampling: SamplingParams = DEFAULT_SAMPLING, *, kind: str = "local",
