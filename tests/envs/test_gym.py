@@ -131,3 +131,19 @@ def test_workers_that_cannot_load_the_verifiers_are_refused_with_a_clear_error(m
     monkeypatch.setattr(gym, "import_paths", lambda: (str(gym.VERIFIER_DIR),))  # reasoning-gym not importable
     with pytest.raises(SandboxError, match="reasoning-gym verifiers must run in the sandbox.*reasoning_gym"):
         gym.verifier_pool("process", 3)
+
+
+def test_the_verifier_pool_is_opened_by_the_sandbox_factory(monkeypatch):
+    """The gym's pools are sandboxes like any other (`sandbox.open_sandbox`), with the verifiers' limits,
+    import paths and preloaded module; one pool per (isolation, workers), opened once."""
+    import tempering.envs.gym as gym
+
+    opened = []
+    monkeypatch.setattr(gym, "_pools", {})
+    monkeypatch.setattr(gym, "open_sandbox", lambda s, **kw: opened.append((s, kw)) or object())
+    first = gym.verifier_pool("process", 3)
+    assert gym.verifier_pool("process", 3) is first and len(opened) == 1
+    [(section, kw)] = opened
+    assert (section.workers, section.isolation, section.url) == (3, "process", None)
+    assert gym.limits_of(section) == gym.VERIFIER_LIMITS and section.memory_mb == 1024
+    assert kw["preload"] == (gym.VERIFIER_MODULE,) and str(gym.VERIFIER_DIR) in kw["python_path"]

@@ -93,3 +93,18 @@ def test_an_import_path_must_be_an_absolute_directory(lib_dir):
         LocalSandbox(workers=1, isolation="process", python_path=("relative/dir",))
     with pytest.raises(SandboxError, match="not an absolute path"):
         LocalSandbox(workers=1, isolation="process", python_path=(str(lib_dir / "missing"),))
+
+
+def test_the_sandbox_factory_opens_a_pool_with_import_paths(lib_dir):
+    """`open_sandbox` builds every pool, one with its own import paths too (the reasoning-gym verifiers');
+    a service, which imports its own, cannot take them."""
+    from tempering.config_sections import SandboxSection
+    from tempering.sandbox import open_sandbox
+
+    section = SandboxSection(timeout_s=5.0, cpu_s=5.0, workers=1, isolation="process")
+    with open_sandbox(section, python_path=(str(lib_dir),), preload=("preloaded_fixture",)) as sandbox:
+        assert isinstance(sandbox, LocalSandbox) and sandbox.limits.timeout_s == 5.0
+        code = "import preloaded_fixture\ndef f():\n    return preloaded_fixture.__name__\n"
+        assert call(sandbox, code)["value"] == "'preloaded_fixture'"
+    with pytest.raises(ValueError, match="a sandbox service imports its own"):
+        open_sandbox(SandboxSection(url="http://127.0.0.1:9"), python_path=(str(lib_dir),))

@@ -36,10 +36,11 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from tempering.config_sections import SandboxSection
 from tempering.envs.answer import AnswerEnv, answers_match
 from tempering.envs.base import register
 from tempering.errors import SandboxError
-from tempering.sandbox import ExecRequest, LocalSandbox, SandboxLimits
+from tempering.sandbox import ExecRequest, LocalSandbox, Sandbox, limits_of, open_sandbox
 from tempering.sandbox.pool import default_python
 from tempering.types import Task
 
@@ -50,7 +51,9 @@ HOST_CHECKED = {"game_of_life_halting"}
 VERIFIER_DIR = Path(__file__).with_name("sandboxed")
 VERIFIER_MODULE = "tempering_gym_verifier"
 VERIFIER_CODE = f"from {VERIFIER_MODULE} import score\n"
-VERIFIER_LIMITS = SandboxLimits(timeout_s=5.0, cpu_s=5.0, memory_mb=1024, max_output_bytes=8192)
+VERIFIER_SANDBOX = SandboxSection(timeout_s=5.0, cpu_s=5.0, memory_mb=1024, max_output_bytes=8192)
+"""The verifier pool's sandbox (its workers, interpreter and isolation are set when it opens)."""
+VERIFIER_LIMITS = limits_of(VERIFIER_SANDBOX)
 """Per answer (on top of the preloaded server's memory): a verifier is done in milliseconds; an answer
 that keeps sympy busy for longer (`9**9**9`) is a wrong answer."""
 MAX_ANSWER_CHARS = 100_000
@@ -74,20 +77,20 @@ def gym_datasets() -> list[str]:
 
 # ------------------------------------------------------------------------------------- verifier pool
 
-_pools: dict[tuple[str, int], LocalSandbox] = {}
+_pools: dict[tuple[str, int], Sandbox] = {}
 _pools_lock = threading.Lock()
 
 
-def verifier_pool(isolation: str = "auto", workers: int = 2) -> LocalSandbox:
+def verifier_pool(isolation: str = "auto", workers: int = 2) -> Sandbox:
     """The process-wide pool that runs reasoning-gym's verifiers, started on first use (each worker
     imports reasoning-gym once: ~2-4 s). Raises SandboxError when its workers cannot load the verifiers."""
     key = (isolation, max(1, workers))
     with _pools_lock:
         if key not in _pools:
             python, paths = verifier_python(), import_paths()
+            section = VERIFIER_SANDBOX.model_copy(update={"workers": key[1], "python": python, "isolation": isolation})
             try:
-                _pools[key] = LocalSandbox(VERIFIER_LIMITS, workers=key[1], python=python, isolation=isolation,
-                                           python_path=paths, preload=(VERIFIER_MODULE,))
+                _pools[key] = open_sandbox(section, python_path=paths, preload=(VERIFIER_MODULE,))
             except SandboxError as e:
                 raise SandboxError(f"reasoning-gym verifiers must run in the sandbox, and its workers "
                                    f"({python}) cannot load them from {list(paths)}: {e}") from None
@@ -120,7 +123,7 @@ def import_paths() -> tuple[str, ...]:
 # ------------------------------------------------------------------------------------------ scoring
 
 
-def score_gym_answers(items: list[tuple[Task, str]], pool: LocalSandbox | None = None) -> list[float]:
+def score_gym_answers(items: list[tuple[Task, str]], pool: Sandbox | None = None) -> list[float]:
     """The dataset's verifier on each (task, answer), in [0, 1]; one sandboxed execution per answer, run
     in parallel across the pool's workers (`pool`: default `verifier_pool()`)."""
     scores: list[float] = [0.0] * len(items)
@@ -159,7 +162,7 @@ def verified_score(response: dict[str, Any]) -> float:
     return min(max(value, 0.0), 1.0) if math.isfinite(value) else 0.0
 
 
-def score_gym_answer(task: Task, answer: str, pool: LocalSandbox | None = None) -> float:
+def score_gym_answer(task: Task, answer: str, pool: Sandbox | None = None) -> float:
     """The dataset's verifier on `answer`, in [0, 1] (see `score_gym_answers`)."""
     return score_gym_answers([(task, answer)], pool)[0]
 

@@ -83,17 +83,21 @@ def limits_of(s: SandboxSection) -> SandboxLimits:
                          max_output_bytes=s.max_output_bytes)
 
 
-def open_sandbox(s: SandboxSection | None = None) -> Sandbox:
+def open_sandbox(s: SandboxSection | None = None, *, python_path: tuple[str, ...] = (),
+                 preload: tuple[str, ...] = ()) -> Sandbox:
     """The one way to open a sandbox: the local worker pool of `s` (a run's `sandbox` section; None: its
     defaults, as `eval`, `repair` and `data from-logs` use), or the service at `s.url` (checked now: a service
-    that is down is reported before a model loads)."""
+    that is down is reported before a model loads). `python_path` and `preload` (`LocalSandbox`) make a
+    package importable to a local pool's workers (the reasoning-gym verifiers' pool, `envs/gym.py`)."""
     s = s or SandboxSection()
     if s.url:
+        if python_path or preload:
+            raise ValueError("python_path and preload are a local pool's: a sandbox service imports its own")
         remote = RemoteSandbox(s.url, limits_of(s))
         remote.health()
         return remote
     return LocalSandbox(limits_of(s), workers=s.workers, python=s.python, isolation=s.isolation,
-                        scratch_mb=s.scratch_mb)
+                        scratch_mb=s.scratch_mb, python_path=python_path, preload=preload)
 
 
 _default: LocalSandbox | None = None
