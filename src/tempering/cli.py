@@ -188,7 +188,7 @@ def cmd_sandbox_doctor(args: argparse.Namespace) -> int:
 
     from tempering.config_sections import SandboxSection
     from tempering.sandbox import open_sandbox
-    from tempering.sandbox.service import read_token, service_protection
+    from tempering.sandbox.service import sandbox_token, service_protection
 
     with open_sandbox(SandboxSection(workers=1, isolation=args.isolation)) as sandbox:
         checks = {lang: sandbox.run(code, language=lang).status for lang, code in _HELLO.items()}
@@ -197,7 +197,7 @@ def cmd_sandbox_doctor(args: argparse.Namespace) -> int:
         table.add_column("protection")
         table.add_column("active")
         table.add_column("how")
-        for p in [*sandbox.protections(), service_protection(read_token())]:
+        for p in [*sandbox.protections(), service_protection(sandbox_token())]:
             table.add_row(p.name, "[green]yes[/]" if p.active else "[red]NO[/]", p.how)
     console = Console()
     console.print(table)
@@ -215,9 +215,9 @@ _HELLO = {
 
 
 def cmd_sandbox_serve(args: argparse.Namespace) -> int:
-    from tempering.sandbox.service import ServiceLimits, read_token, serve
+    from tempering.sandbox.service import ServiceLimits, sandbox_token, serve
 
-    token = read_token(args.token_file)
+    token = sandbox_token(args.token_file)
     limits = ServiceLimits(max_request_bytes=int(args.max_request_mb * (1 << 20)), max_pending=args.max_pending,
                            client_pending=args.client_pending, client_concurrency=args.client_concurrency,
                            max_timeout_s=args.max_timeout_s, max_memory_mb=args.max_memory_mb)

@@ -72,13 +72,13 @@ def test_remote_runs_programs_and_grades_tests_locally(server):
 def test_expected_outputs_never_reach_the_service(server, monkeypatch):
     sent = []
     with RemoteSandbox(server) as sb:
-        original = sb._client.request
+        original = sb._http.client.request
 
         def spy(method, path, **kw):
             sent.append(kw.get("json"))
             return original(method, path, **kw)
 
-        monkeypatch.setattr(sb._client, "request", spy)
+        monkeypatch.setattr(sb._http.client, "request", spy)
         task = Task(id="t", domain="d", prompt="", entry_point="f", tests=[TestCase(input=[1], output=987654321)])
         sb.run_tests(task, "def f(x):\n    return x\n")
     assert "987654321" not in repr(sent)

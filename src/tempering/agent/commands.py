@@ -149,8 +149,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         serve,
     )
     from tempering.checkpoint import resolve_model
+    from tempering.http import read_token
     from tempering.runtime import configure
-    from tempering.sandbox.service import read_token
 
     token = read_token(args.token_file, TOKEN_ENV, TOKEN_FILE_ENV)
     check_exposure(args.host, token)  # before the model loads (or is prepared: minutes)

@@ -25,8 +25,8 @@ prompt cannot stall the server. A client that hangs up - streaming or not - canc
 one never runs, a running one leaves its batch at the next decode step (`serving.py`).
 
 Exposure: loopback by default; any other address needs a token ($TEMPERING_SERVE_TOKEN or --token-file),
-which clients send as their API key (`Authorization: Bearer ...`); the sandbox service's guard checks it
-and caps request bodies. Every error is OpenAI's JSON shape ({"error": {"message", "type", "param", "code"}},
+which clients send as their API key (`Authorization: Bearer ...`); the guard the sandbox service uses too
+(`tempering.http`) checks it and caps request bodies. Every error is OpenAI's JSON shape ({"error": {"message", "type", "param", "code"}},
 `code` a string or null), its own (401, 413, 429) as well as an unknown path (404) or method (405).
 
 Engine: any request engine (`rollout.protocol.RequestEngine`: submit, start, close); how many rows it
@@ -77,6 +77,7 @@ from tempering.agent.openai_api import (
 )
 from tempering.agent.serving import Job, TokenLogprob, token_bytes
 from tempering.errors import TemperingError
+from tempering.http import MIN_TOKEN_CHARS, Admission, Guard, is_loopback
 from tempering.rollout.generate import encode_prompt
 
 TOKEN_ENV, TOKEN_FILE_ENV = "TEMPERING_SERVE_TOKEN", "TEMPERING_SERVE_TOKEN_FILE"
@@ -171,8 +172,6 @@ class OpenAIServer:
 
     def __init__(self, chat: LocalModel, *, token: str | None = None, log_path: str | None = None,
                  alert: AlertRule | None = None, limits: ServeLimits | None = None, metrics: Metrics | None = None):
-        from tempering.sandbox.app import Admission
-
         limits = limits or ServeLimits()
         self.chat, self.engine, self.token, self.alert, self.limits = chat, chat.engine, token, alert, limits
         self.metrics = metrics or (alert.metrics if alert and alert.metrics else Metrics())
@@ -183,10 +182,8 @@ class OpenAIServer:
         self.token_text = functools.lru_cache(maxsize=4096)(self._token_text)
 
     def app(self):
-        """The ASGI app (behind the sandbox service's token and body-size guard). Starts the engine's loop on
+        """The ASGI app (behind the shared token and body-size guard, `http.Guard`). Starts the engine's loop on
         a thread of its own (continuous batching); the app's shutdown closes it."""
-        from tempering.sandbox.app import Guard
-
         app = FastAPI(title="tempering serve", docs_url=None, redoc_url=None, openapi_url=None)
         app.router.on_shutdown.extend([self.engine.close, self.tokenizing.shutdown])
         app.state.engine, app.state.metrics = self.engine, self.metrics
@@ -397,8 +394,6 @@ def create_app(chat: LocalModel, *, token: str | None = None, log_path: str | No
 
 def check_exposure(host: str, token: str | None) -> None:
     """A non-loopback address needs a token (checked before anything is loaded)."""
-    from tempering.sandbox.service import MIN_TOKEN_CHARS, is_loopback
-
     if token is None and not is_loopback(host):
         raise TemperingError(f"refusing to serve on {host} without a token: set ${TOKEN_ENV} (or --token-file) to a "
                              f"secret of at least {MIN_TOKEN_CHARS} characters and give it to clients as their API key")

@@ -5,7 +5,8 @@ local engine; this engine sends each context as a token prompt to `{url}/complet
 of ids, which OpenAI's and vLLM's completions API take) with `return_token_ids` (vLLM's and `tempering
 serve`'s extension), and reads back the sampled token ids - so an episode over HTTP is the same token
 sequence as one in process. A server that returns no ids gets its text encoded again with the tokenizer.
-Several requests are in flight at once. The server's own sampling is used: this engine cannot recompute
+Several requests are in flight at once; a busy (429) or restarting (502-504) server, or a connection
+that failed, is retried with backoff (`http.RetryingClient`). The server's own sampling is used: this engine cannot recompute
 log-probs or load weights (it serves evaluation and the repair agent, not training).
 
 The key is `api_key`, else $TEMPERING_API_KEY, else $OPENAI_API_KEY; it travels over https, or over plain
@@ -24,6 +25,7 @@ import torch
 from torch import Tensor
 
 from tempering.errors import TemperingError
+from tempering.http import RetryingClient, Unreachable, is_loopback
 from tempering.rollout.chat import stop_token_ids
 from tempering.rollout.generate import Generation, generation_of
 
@@ -38,11 +40,8 @@ class HTTPEngine:
     version = 0
 
     def __init__(self, url: str, tokenizer, sampling, *, model: str | None = None, api_key: str | None = None,
-                 concurrency: int = 8, timeout_s: float = 300.0, insecure_http: bool = False):
-        import httpx
-
-        from tempering.sandbox.service import is_loopback
-
+                 concurrency: int = 8, timeout_s: float = 300.0, insecure_http: bool = False, retries: int = 4,
+                 backoff_s: float = 0.5):
         self.url, self.tokenizer, self.sampling, self.concurrency = url.rstrip("/"), tokenizer, sampling, concurrency
         source = "the api_key given" if api_key else next((f"${k}" for k in API_KEY_ENVS if os.environ.get(k)), None)
         key = api_key or next((os.environ[k] for k in API_KEY_ENVS if os.environ.get(k)), None)
@@ -50,11 +49,9 @@ class HTTPEngine:
         if key and parts.scheme == "http" and not is_loopback(parts.hostname or "") and not insecure_http:
             raise TemperingError(f"refusing to send the API key ({source}) in plain text to {parts.hostname}: use an "
                                  "https URL, a loopback address, or --allow-insecure-http")
-        self.client = httpx.Client(timeout=timeout_s, headers={"Authorization": f"Bearer {key}"} if key else {})
-        try:
-            listed = self.client.get(f"{self.url}/models")
-        except httpx.HTTPError as e:
-            raise TemperingError(f"model server at {self.url} is unreachable: {e}") from None
+        self.http = RetryingClient(self.url, token=key, timeout_s=timeout_s, connect_s=timeout_s, retries=retries,
+                                   backoff_s=backoff_s)
+        listed = self._answer("GET", "/models", "GET /models", retries=0)  # a server that is down: now, at once
         if listed.status_code == 401:
             raise TemperingError(f"model server at {self.url} refused the API key (401); set $TEMPERING_API_KEY")
         if listed.status_code != 200:
@@ -67,17 +64,20 @@ class HTTPEngine:
         self.max_context = next((m.get("max_model_len") for m in served if m.get("id") == self.name), None)
         self.stop_ids = stop_token_ids(tokenizer)
 
-    def _one(self, context: list[int], max_tokens: int, greedy: bool, seed: int) -> tuple[list[int], str]:
-        import httpx
+    def _answer(self, method: str, path: str, what: str, **kw):
+        """The server's answer (busy or restarting ones retried: `http.RetryingClient`), or one line saying
+        why none came."""
+        try:
+            return self.http.request(method, path, **kw)
+        except Unreachable as e:
+            raise TemperingError(f"model server at {self.url} is unreachable: {what}: {e}") from None
 
+    def _one(self, context: list[int], max_tokens: int, greedy: bool, seed: int) -> tuple[list[int], str]:
         s = self.sampling
         body = {"model": self.name, "prompt": context, "max_tokens": max_tokens,
                 "temperature": 0.0 if greedy else s.temperature, "top_p": s.top_p, "seed": seed,
                 "return_token_ids": True}
-        try:
-            r = self.client.post(f"{self.url}/completions", json=body)
-        except httpx.HTTPError as e:
-            raise TemperingError(f"model server at {self.url}: {e}") from None
+        r = self._answer("POST", "/completions", "completions", json=body)
         if r.status_code != 200:
             raise TemperingError(f"model server at {self.url}: completions answered {r.status_code}: {r.text[:200]}")
         choice = r.json()["choices"][0]

@@ -20,54 +20,27 @@ executions (running or queued) and run `client_concurrency` at once; the service
 
 from __future__ import annotations
 
-import ipaddress
-import os
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
-from tempering.errors import SandboxError
+from tempering.errors import SandboxError, TemperingError
+from tempering.http import MIN_TOKEN_CHARS, RetryingClient, Unreachable, is_loopback, read_token
 from tempering.sandbox.execution import ExecRequest, SandboxLimits
 from tempering.sandbox.isolation import Protection
 from tempering.sandbox.pool import LocalSandbox, Sandbox
 from tempering.sandbox.protocol import ServiceLimits, request_to_json
 
 TOKEN_ENV, TOKEN_FILE_ENV = "TEMPERING_SANDBOX_TOKEN", "TEMPERING_SANDBOX_TOKEN_FILE"
-MIN_TOKEN_CHARS = 16
 
 
-# ------------------------------------------------------------------------------------------- secrets
-
-
-def read_token(token_file: str | None = None, env: str = TOKEN_ENV, file_env: str = TOKEN_FILE_ENV) -> str | None:
-    """The shared secret: the first line of `token_file` (or of the file named by $`file_env`), else
-    $`env`, else None. (`tempering serve` reads its own variables, TEMPERING_SERVE_TOKEN[_FILE].)"""
-    path = token_file or os.environ.get(file_env)
-    if path:
-        try:
-            lines = Path(path).read_text().splitlines()
-        except OSError as e:
-            raise SandboxError(f"cannot read the token file '{path}': {e.strerror}") from None
-        token = lines[0].strip() if lines else ""
-    else:
-        token = os.environ.get(env, "").strip()
-    if not token:
-        return None
-    if len(token) < MIN_TOKEN_CHARS:
-        raise SandboxError(f"the token (${env} or its file) is {len(token)} characters; use at least "
-                           f"{MIN_TOKEN_CHARS} (e.g. `python -c 'import secrets; print(secrets.token_urlsafe(32))'`)")
-    return token
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
+def sandbox_token(token_file: str | None = None) -> str | None:
+    """The service's shared secret as server and clients read it (`http.read_token` of $TEMPERING_SANDBOX_TOKEN
+    or the file named by --token-file / $TEMPERING_SANDBOX_TOKEN_FILE); a bad one is a SandboxError."""
     try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+        return read_token(token_file, TOKEN_ENV, TOKEN_FILE_ENV)
+    except TemperingError as e:
+        raise SandboxError(str(e)) from None
 
 
 def service_protection(token: str | None = None) -> Protection:
@@ -107,22 +80,19 @@ def serve(host: str = "127.0.0.1", port: int = 8080, *, workers: int = 2, isolat
 class RemoteSandbox(Sandbox):
     """A sandbox service reached over HTTP; the same API as LocalSandbox.
 
-    Connection failures and 429/5xx answers are retried with exponential backoff; when the service
-    stays unreachable the error says which URL and why. The token is `token`, else read as the
+    Connection failures and 429/5xx answers are retried with exponential backoff (`http.RetryingClient`);
+    when the service stays unreachable the error says which URL and why. The token is `token`, else read as the
     service reads it (`TEMPERING_SANDBOX_TOKEN` / `TEMPERING_SANDBOX_TOKEN_FILE`).
     """
 
     def __init__(self, url: str, limits: SandboxLimits | None = None, *, timeout_s: float = 120.0,
                  retries: int = 4, backoff_s: float = 0.5, batch_size: int = 256, concurrency: int = 4,
                  token: str | None = None):
-        import httpx
-
         self.url = url.rstrip("/")
         self.limits = limits or SandboxLimits()
-        self.retries, self.backoff_s, self.batch_size, self.concurrency = retries, backoff_s, batch_size, concurrency
-        token = token or read_token()
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._client = httpx.Client(base_url=self.url, timeout=httpx.Timeout(timeout_s, connect=5.0), headers=headers)
+        self.batch_size, self.concurrency = batch_size, concurrency
+        self._http = RetryingClient(self.url, token=token or sandbox_token(), timeout_s=timeout_s, retries=retries,
+                                    backoff_s=backoff_s)
         self.size = concurrency
 
     def health(self) -> dict[str, Any]:
@@ -141,31 +111,23 @@ class RemoteSandbox(Sandbox):
             return [r for part in pool.map(send, chunks) for r in part]
 
     def _call(self, method: str, path: str, **kw: Any) -> dict[str, Any]:
-        import httpx
-
-        last = ""
-        for attempt in range(self.retries + 1):
-            try:
-                resp = self._client.request(method, path, **kw)
-            except httpx.TransportError as e:
-                last = f"{type(e).__name__}: {e}"
-            else:
-                if resp.status_code == 200:
-                    return resp.json()
-                if resp.status_code == 401:
-                    raise SandboxError(f"sandbox service at {self.url} refused the token (401); set ${TOKEN_ENV} "
-                                       "(or $TEMPERING_SANDBOX_TOKEN_FILE) to the service's token")
-                if resp.status_code not in (429, 502, 503, 504):
-                    raise SandboxError(f"sandbox service at {self.url} refused the request "
-                                       f"({resp.status_code}): {resp.text[:500]}")
-                last = f"HTTP {resp.status_code}"
-            if attempt < self.retries:
-                time.sleep(self.backoff_s * 2 ** attempt)
-        if last == "HTTP 429":
-            raise SandboxError(f"sandbox service at {self.url} is still busy (HTTP 429) after {self.retries + 1} "
+        try:
+            resp = self._http.request(method, path, **kw)
+        except Unreachable as e:
+            raise SandboxError(f"sandbox service at {self.url} is {e}; is `tempering sandbox serve` running there?") from None
+        if resp.status_code == 200:
+            return resp.json()
+        if resp.status_code == 401:
+            raise SandboxError(f"sandbox service at {self.url} refused the token (401); set ${TOKEN_ENV} "
+                               "(or $TEMPERING_SANDBOX_TOKEN_FILE) to the service's token")
+        attempts = self._http.retries + 1
+        if resp.status_code == 429:
+            raise SandboxError(f"sandbox service at {self.url} is still busy (HTTP 429) after {attempts} "
                                "attempts; send smaller batches or raise its --max-pending / --client-pending")
-        raise SandboxError(f"sandbox service at {self.url} is not reachable after {self.retries + 1} attempts "
-                           f"({last}); is `tempering sandbox serve` running there?")
+        if resp.status_code in RetryingClient.RETRIED:
+            raise SandboxError(f"sandbox service at {self.url} is not reachable after {attempts} attempts "
+                               f"(HTTP {resp.status_code}); is `tempering sandbox serve` running there?")
+        raise SandboxError(f"sandbox service at {self.url} refused the request ({resp.status_code}): {resp.text[:500]}")
 
     def close(self) -> None:
-        self._client.close()
+        self._http.close()
