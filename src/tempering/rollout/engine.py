@@ -242,16 +242,15 @@ def open_model(model_dir: str | Path, sampling: SamplingParams = DEFAULT_SAMPLIN
 
 
 def make_engine(source, tokenizer, sampling: SamplingParams = DEFAULT_SAMPLING, *, kind: str = "local",
-                version: int = 0, adapters: bool = True, max_rows: int = 256, dtype: torch.dtype | None = None,
-                on_step: Callable[[int], None] | None = None, **options) -> Engine:
+                version: int = 0, adapters: bool = True, dtype: torch.dtype | None = None, **options) -> Engine:
     """The one way to build an engine. `kind`: `local` (`source` a transformers model in this process;
     `dtype` a lower precision to sample in - `models.loading.compute_dtype(cfg.model.compute, device)`;
     None or float32 = the model's own),
     `vllm` (vLLM over `source`, a model directory; the `tempering[vllm]` extra), `http` (`source` the URL of
-    an OpenAI-compatible server; `options` as `remote.HTTPEngine` takes them)."""
+    an OpenAI-compatible server). `options`: as the engine's class takes them (`LocalEngine`'s `max_rows`,
+    `on_step`; `remote.HTTPEngine`'s, `vllm.VLLMEngine`'s)."""
     if kind == "local":
-        return LocalEngine(source, tokenizer, sampling, version=version, adapters=adapters, max_rows=max_rows,
-                           dtype=dtype, on_step=on_step)
+        return LocalEngine(source, tokenizer, sampling, version=version, adapters=adapters, dtype=dtype, **options)
     if kind == "http":
         from tempering.rollout.remote import HTTPEngine
 
