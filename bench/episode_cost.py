@@ -26,7 +26,7 @@ from tempering.rollout.engine import LocalEngine, SamplingParams
 from tempering.rollout.episodes import run_episodes
 from tempering.sandbox import LocalSandbox
 from tempering.training.optim import make_optimizer
-from tempering.training.update import update_policy
+from tempering.training.update import UpdateSettings, update_policy
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -68,8 +68,8 @@ def main() -> None:
             batch.advantages, batch.returns = ADVANTAGE_ESTIMATORS["grpo"](inputs)
             optimizer = make_optimizer(model, lr=0.0)  # lr 0: timing only, the model stays as it is
             start = time.perf_counter()
-            update_policy(model, optimizer, batch.informative(), policy_loss=POLICY_LOSSES["ppo_clip"],
-                          generator=torch.Generator().manual_seed(0), minibatches=2)
+            update_policy(model, optimizer, batch.informative(), POLICY_LOSSES["ppo_clip"],
+                          UpdateSettings(minibatches=2), torch.Generator().manual_seed(0))
             update_s = time.perf_counter() - start
             print(f"{turns:>8} {rollout_s:>9.2f} {', '.join(engine.calls):<44} {update_s:>8.2f} "
                   f"{int(batch.response_mask.sum()):>10} {int(batch.attention.sum()):>8}")

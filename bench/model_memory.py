@@ -39,7 +39,7 @@ def run_arm(args: argparse.Namespace) -> dict:
     from tempering.models.registry import prepare
     from tempering.rollout.batch import RolloutBatch
     from tempering.training.optim import make_optimizer
-    from tempering.training.update import update_policy
+    from tempering.training.update import UpdateSettings, update_policy
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -59,9 +59,8 @@ def run_arm(args: argparse.Namespace) -> dict:
     times = []
     for i in range(args.repeats + 1):
         start = time.perf_counter()
-        update_policy(model, optimizer, batch, policy_loss=POLICY_LOSSES["ppo_clip"],
-                      generator=torch.Generator().manual_seed(i), minibatches=args.minibatches,
-                      gradient_checkpointing=args.checkpointing)
+        settings = UpdateSettings(minibatches=args.minibatches, gradient_checkpointing=args.checkpointing)
+        update_policy(model, optimizer, batch, POLICY_LOSSES["ppo_clip"], settings, torch.Generator().manual_seed(i))
         times.append(time.perf_counter() - start)
     seconds = sum(times[1:]) / args.repeats
     return {"mode": args.mode, "dtype": args.dtype, "checkpointing": args.checkpointing, "trainable": trainable,

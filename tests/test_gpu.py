@@ -10,7 +10,7 @@ import torch
 from tempering.models.forward import distinct_rows, response_logprobs
 from tempering.rollout.batch import RolloutBatch
 from tempering.rollout.engine import LocalEngine, SamplingParams
-from tempering.training.update import update_policy
+from tempering.training.update import UpdateSettings, update_policy
 from tests.helpers.runs import kill_after_checkpoint, metrics, stable, tempering
 
 pytestmark = [pytest.mark.gpu,
@@ -59,8 +59,8 @@ def test_update_moves_cpu_minibatches_to_the_model(tiny_cuda, tasks):
                          rewards=torch.arange(8, dtype=torch.float32), group_ids=torch.arange(8) // 2)
     batch.advantages = (batch.rewards - 3.5)[:, None] * batch.response_mask
     before = [p.detach().clone() for p in model.parameters()]
-    metrics_ = update_policy(model, make_optimizer(model, lr=1e-3), batch, policy_loss=POLICY_LOSSES["ppo_clip"],
-                             generator=torch.Generator().manual_seed(0), minibatches=2)
+    metrics_ = update_policy(model, make_optimizer(model, lr=1e-3), batch, POLICY_LOSSES["ppo_clip"],
+                             UpdateSettings(minibatches=2), torch.Generator().manual_seed(0))
     assert all(torch.isfinite(torch.tensor(v)) for v in metrics_.values())
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
 

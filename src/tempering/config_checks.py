@@ -14,14 +14,10 @@ from typing import TYPE_CHECKING, Any
 
 from tempering.config import CHECKS, RunConfig
 from tempering.errors import ConfigError
-from tempering.registry import check_call, load_callable
+from tempering.registry import ARG, check_call, load_callable
 
 if TYPE_CHECKING:
     from tempering.envs import Environment
-
-_ARG = object()
-"""Stands in for a tensor / task / trajectory: signature checks bind arguments, they never call."""
-
 
 def check_config(cfg: RunConfig) -> None:
     _check_algo(cfg)
@@ -58,18 +54,18 @@ def _known(key: str, name: str, registry: dict[str, Any]) -> bool:
 
 
 def _check_algo(cfg: RunConfig) -> None:
+    """The estimator and the policy loss bound as the run binds them (`roles`): names, imports, keywords."""
     from tempering.algos import ADVANTAGE_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES
+    from tempering.roles import bind_estimator, bind_policy_loss
 
     a = cfg.algo
-    if not _known("algo.estimator", a.estimator, ADVANTAGE_ESTIMATORS):
-        # The call of loop.RLTrainer.estimate (docs/algorithms.md, "Advantage estimators").
-        _user_function("algo.estimator", a.estimator, "advantage estimator", _ARG,
-                       scale_by_std=a.scale_by_std, gamma=a.gamma, lam=a.lam)
-    if not _known("algo.policy_loss", a.policy_loss, POLICY_LOSSES):
-        # The call of training.update.update_policy.
-        _user_function("algo.policy_loss", a.policy_loss, "policy loss", _ARG,
-                       clip_ratio=a.clip_ratio, clip_ratio_low=a.clip_ratio_low, clip_ratio_high=a.clip_ratio_high,
-                       clip_ratio_c=a.clip_ratio_c, loss_agg=a.loss_agg, norm_length=1)
+    _known("algo.estimator", a.estimator, ADVANTAGE_ESTIMATORS)
+    _known("algo.policy_loss", a.policy_loss, POLICY_LOSSES)
+    for key, build in (("algo.estimator", bind_estimator), ("algo.policy_loss", bind_policy_loss)):
+        try:
+            build(cfg)
+        except ConfigError as e:
+            raise ValueError(f"{key}: {e}") from None
     if a.loss_agg not in LOSS_AGGREGATIONS:
         raise ValueError(f"algo.loss_agg: unknown name '{a.loss_agg}'; valid: {', '.join(LOSS_AGGREGATIONS)}")
 
@@ -122,7 +118,7 @@ def _check_rewards(cfg: RunConfig, environments: list[type[Environment]]) -> Non
         known = _known("reward.weights", name, {**REWARD_COMPONENTS, **dict.fromkeys(env_components)})
         fn = REWARD_COMPONENTS[name] if known else _import(key, name, "reward component")
         try:  # the call of RewardFunction.components: fn(task, trajectory, **reward.params[name])
-            check_call(fn, name, "reward component", _ARG, _ARG, **params)
+            check_call(fn, name, "reward component", ARG, ARG, **params)
         except ConfigError as e:
             problem = _unknown_params(fn, params)
             raise ValueError(f"reward.params.{name}: {problem}" if problem else f"{key}: {e}") from None
@@ -134,7 +130,7 @@ def _check_rewards(cfg: RunConfig, environments: list[type[Environment]]) -> Non
         raise ValueError(f"reward.guard_kinds: unknown guard(s) {', '.join(bad)}; valid: {', '.join(GUARDS)}")
     if r.step_fn is not None:
         # RewardFunction.step_scores: fn(task, steps).
-        _user_function("reward.step_fn", r.step_fn, "step reward function", _ARG, [])
+        _user_function("reward.step_fn", r.step_fn, "step reward function", ARG, [])
 
 
 def _unknown_params(fn: Any, params: dict[str, Any]) -> str | None:

@@ -16,35 +16,21 @@ from dataclasses import dataclass, field
 
 import torch
 
-from tempering.algos import (
-    ADVANTAGE_ESTIMATORS,
-    KL_ESTIMATORS,
-    POLICY_LOSSES,
-    AdvantageInputs,
-    group_mean_std,
-    lookup,
-    masked_mean,
-    masked_whiten,
-)
+from tempering.algos import AdvantageInputs, group_mean_std, kl_reward, masked_whiten
 from tempering.algos.correction import rollout_correction
 from tempering.config import RunConfig
-from tempering.distributed.canary import Probe
-from tempering.distributed.pool import make_pool
 from tempering.distributed.schedule import behaviour_version, shard_specs, staleness_metrics
-from tempering.distributed.source import RolloutSource
 from tempering.errors import Preempted
 from tempering.eval.evaluate import validation_metrics
-from tempering.models.forward import response_logprobs
+from tempering.roles import Roles
 from tempering.rollout.batch import RolloutBatch
-from tempering.rollout.chat import chat_format
-from tempering.rollout.engine import SamplingParams, make_engine
+from tempering.rollout.engine import SamplingParams
 from tempering.rollout.episodes import Rollout, merge_rollouts
-from tempering.sandbox import Sandbox
 from tempering.seeding import step_generator, step_seed
 from tempering.state import TrainState
 from tempering.tracking import Timer, Tracker
 from tempering.tracking.metrics import rollout_metrics, sample_rows
-from tempering.training.update import autocast, update_models, without_dropout
+from tempering.training.update import policy_logprobs, update_models, without_dropout
 from tempering.types import Task
 
 __all__ = ["RLTrainer", "StepResult", "step_generator", "step_seed"]
@@ -68,25 +54,11 @@ class StepResult:
 class RLTrainer:
     """Runs the remaining steps of a run on a built (or resumed) `TrainState`."""
 
-    def __init__(self, cfg: RunConfig, state: TrainState, heldout_tasks: list[Task], sandbox: Sandbox, log=print):
+    def __init__(self, cfg: RunConfig, state: TrainState, heldout_tasks: list[Task], roles: Roles, log=print):
         self.cfg, self.state, self.heldout_tasks, self.log = cfg, state, heldout_tasks, log
-        algo = cfg.algo
-        self.estimator = lookup(ADVANTAGE_ESTIMATORS, algo.estimator, "advantage estimator")
-        self.policy_loss = lookup(POLICY_LOSSES, algo.policy_loss, "policy loss")
-        # This process's rollout side: the local backend's shards, and validation, run on it.
-        self.source = RolloutSource(cfg, state.policy, state.tokenizer, sandbox, version=state.step)
+        self.roles = roles
+        self.source, self.ref, self.pool, self.trainers = roles.source, roles.ref, roles.pool, roles.trainers
         self.engine, self.ctx = self.source.engine, self.source.ctx
-        ref, adapters = (state.ref, True) if state.ref is not None else (state.policy, False)  # LoRA: the base
-        self.ref = make_engine(ref, state.tokenizer, self.engine.sampling, adapters=adapters) \
-            if algo.kl_coef > 0 else None
-        self.pool = make_pool(cfg, self.source, state.policy, self._probe(), log=log)
-        self.pool.publish(state.step, state.policy)
-        self.pool.restore_pending(state.pool_metrics)  # a resumed run's next row: what the checkpoint held back
-        self.trainers = None  # data-parallel trainer actors beside this process (rank 0); None: it trains alone
-        if cfg.distributed.trainers > 1:
-            from tempering.distributed.ray_trainers import TrainerGroup
-
-            self.trainers = TrainerGroup(cfg, state, log=log)
         self.submitted: dict[int, object] = {}  # step -> the pool's ticket of its round 0
         self.ready: dict[int, Rollout] = dict(state.lookahead)  # finished look-ahead batches (a resumed run's too)
         self.stop_signal: str | None = None
@@ -180,13 +152,6 @@ class RLTrainer:
         merged.metrics = {"dapo/kept_groups": kept, "dapo/dropped_groups": dropped, "dapo/rounds": round_ + 1}
         return merged
 
-    def _probe(self) -> Probe:
-        """The weight-sync canary's probe: the first held-out prompts and seeded random tokens (the same after a
-        resume)."""
-        fmt = chat_format(self.state.tokenizer, self.cfg.env.chat_format)
-        prompts = [fmt.start(t.prompt)[0] for t in self.heldout_tasks[:4]] or [[0]]
-        return Probe.build(prompts, len(self.state.tokenizer), seed=step_seed(self.cfg.run.seed, 0, 9))
-
     def score(self, batch: RolloutBatch, timer: Timer) -> dict[str, float]:
         """Reference log-probs (and the KL penalty, when KL is in the reward) and critic values."""
         algo, metrics = self.cfg.algo, {}
@@ -195,10 +160,10 @@ class RLTrainer:
                 batch.ref_logprobs = self.ref.logprobs(batch.prompt_ids, batch.prompt_mask, batch.response_ids,
                                                        batch.attention)
             if algo.kl_mode == "reward":
-                kl = KL_ESTIMATORS[algo.kl_estimator](batch.old_logprobs, batch.ref_logprobs) * batch.response_mask
-                penalty = -self.state.kl.coef * kl
+                penalty, kl = kl_reward(batch.old_logprobs, batch.ref_logprobs, batch.response_mask,
+                                        coef=self.state.kl.coef, estimator=algo.kl_estimator)
                 batch.token_rewards = penalty if batch.token_rewards is None else batch.token_rewards + penalty
-                metrics["actor/reward_kl"] = float(masked_mean(kl, batch.response_mask))
+                metrics["actor/reward_kl"] = float(kl)
         if self.state.critic is not None:
             with timer("values"), torch.no_grad():
                 batch.values = self.state.critic.values(batch.prompt_ids, batch.prompt_mask, batch.response_ids,
@@ -221,15 +186,13 @@ class RLTrainer:
     @torch.no_grad()
     def recompute(self, batch: RolloutBatch) -> torch.Tensor:
         """The current policy's log-probs of the batch's response tokens (B, R), as the update computes them."""
-        policy, out = self.state.policy, torch.zeros_like(batch.old_logprobs)
+        policy, out, settings = self.state.policy, torch.zeros_like(batch.old_logprobs), self.roles.update
         device = next(policy.parameters()).device
         without_dropout(policy)
         try:
-            for index in torch.arange(len(batch)).chunk(self.cfg.algo.minibatches):
+            for index in torch.arange(len(batch)).chunk(settings.minibatches):
                 mb = batch.select(index).trim().to(device)
-                with autocast(self.cfg):
-                    logprobs, _ = response_logprobs(policy, mb.prompt_ids, mb.prompt_mask, mb.response_ids,
-                                                    mb.attention, temperature=self.engine.sampling.temperature)
+                logprobs, _ = policy_logprobs(policy, mb, self.engine.sampling.temperature, settings.compute)
                 out[index, : logprobs.shape[1]] = logprobs.float().cpu()
         finally:
             policy.train()
@@ -238,7 +201,7 @@ class RLTrainer:
     def estimate(self, batch: RolloutBatch) -> None:
         algo = self.cfg.algo
         x = AdvantageInputs(batch.rewards, batch.response_mask, batch.group_ids, batch.values, batch.token_rewards)
-        batch.advantages, batch.returns = self.estimator(x, scale_by_std=algo.scale_by_std, gamma=algo.gamma, lam=algo.lam)
+        batch.advantages, batch.returns = self.roles.estimator(x)
         if algo.whiten_advantages:
             batch.advantages = masked_whiten(batch.advantages, batch.response_mask) * batch.response_mask
 
@@ -249,8 +212,8 @@ class RLTrainer:
         kl_coef = state.kl.coef if self.cfg.algo.kl_mode == "loss" else 0.0
 
         def here(dp=None):  # this process's update (rank 0 of the data-parallel trainers)
-            return update_models(self.cfg, state, batch, step, policy_loss=self.policy_loss, kl_coef=kl_coef,
-                                 timer=timer, dp=dp)
+            return update_models(self.cfg, state, batch, step, loss=self.roles.policy_loss,
+                                 settings=self.roles.update, kl_coef=kl_coef, timer=timer, dp=dp)
 
         if self.trainers is None:
             metrics = here()

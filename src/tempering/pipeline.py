@@ -43,6 +43,7 @@ from tempering.models.loading import (
 from tempering.models.lora import is_adapter_dir
 from tempering.models.registry import prepare as prepare_model
 from tempering.models.tokenizer import train_tokenizer
+from tempering.roles import build_roles
 from tempering.rollout.chat import chat_format
 from tempering.rollout.engine import SamplingParams, open_model
 from tempering.runtime import configure
@@ -253,7 +254,8 @@ def rl_stage(ws: Workspace, start: Path, sandbox: Sandbox) -> tuple[Path, int]:
                               tensorboard=t.tensorboard, progress=t.progress, console=ws.console,
                               wandb=t.wandb, mlflow=t.mlflow, project=t.project, config=cfg.model_dump())
             try:
-                last = RLTrainer(cfg, state, ws.heldout_tasks, sandbox, log=ws.log).run(tracker)
+                roles = build_roles(cfg, state, ws.heldout_tasks, sandbox, log=ws.log)
+                last = RLTrainer(cfg, state, ws.heldout_tasks, roles, log=ws.log).run(tracker)
             finally:
                 tracker.close()
     finally:

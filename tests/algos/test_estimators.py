@@ -174,10 +174,13 @@ def test_dr_grpo_is_grpo_without_std_and_invariant_to_shifts():
 
 
 @pytest.mark.parametrize("name", sorted(ADVANTAGE_ESTIMATORS))
-def test_every_estimator_shares_one_signature_and_masks_padding(name):
+def test_every_estimator_binds_to_the_runs_keywords_and_masks_padding(name):
+    from tempering.config import build_config
+    from tempering.roles import bind_estimator
+
     rewards, mask, group_ids, values = ragged(7)
     x = AdvantageInputs(rewards, mask, group_ids, values=values)
-    adv, ret = ADVANTAGE_ESTIMATORS[name](x, scale_by_std=True, gamma=1.0, lam=0.95)
+    adv, ret = bind_estimator(build_config({"algo": {"estimator": name}}))(x)
     assert adv.shape == ret.shape == mask.shape
     assert (adv[mask == 0] == 0).all()
 

@@ -2,6 +2,7 @@
 e_t = clip(KL_t / KL_target - 1, -0.2, 0.2);  beta_{t+1} = beta_t * (1 + K_beta * e_t),  K_beta = n_t / horizon,
 where n_t is the number of samples in the step."""
 
+import math
 import random
 
 import pytest
@@ -58,3 +59,21 @@ def test_the_caller_says_how_many_samples_and_a_fixed_coefficient_stays():
     fixed = KLController(0.1)
     fixed.update(5.0, n_steps=256)
     assert fixed.coef == 0.1 and not fixed.adaptive
+
+
+def test_the_kl_reward_is_minus_coef_times_the_estimate_on_the_policy_tokens():
+    """k1 on hand-picked log-probs: log_ratio = logprobs - ref = [[0.5, -0.2, (padding)], [0.1, 0.3, 0.4]]."""
+    import torch
+
+    from tempering.algos import kl_reward
+
+    logprobs = torch.tensor([[-1.0, -2.0, -9.0], [-0.5, -0.7, -0.1]])
+    ref = torch.tensor([[-1.5, -1.8, -1.0], [-0.6, -1.0, -0.5]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
+    penalty, kl = kl_reward(logprobs, ref, mask, coef=0.1, estimator="k1")
+    torch.testing.assert_close(penalty, torch.tensor([[-0.05, 0.02, 0.0], [-0.01, -0.03, -0.04]]))
+    assert float(kl) == pytest.approx((0.5 - 0.2 + 0.1 + 0.3 + 0.4) / 5)  # mean over the 5 policy tokens
+    penalty3, kl3 = kl_reward(logprobs, ref, mask, coef=2.0)  # k3 by default: >= 0, so the penalty is <= 0
+    assert (penalty3 <= 0).all() and float(penalty3[0, 2]) == 0.0 and float(kl3) > 0
+    r = -0.5  # k3 of the first token: exp(ref - logp) - 1 - (ref - logp)
+    assert float(penalty3[0, 0]) == pytest.approx(-2.0 * (math.exp(r) - 1 - r))

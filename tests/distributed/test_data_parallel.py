@@ -4,6 +4,7 @@ and end bit-identical to each other - for every loss aggregation, with the criti
 minibatch has rows; and a rank that goes its own way is caught."""
 
 import copy
+import functools
 import threading
 
 import pytest
@@ -13,7 +14,7 @@ from tempering.algos import ppo_clip_loss
 from tempering.distributed.weights import fingerprints
 from tempering.training.critic import Critic, update_critic
 from tempering.training.data_parallel import DataParallel, Rendezvous
-from tempering.training.update import update_policy
+from tempering.training.update import UpdateSettings, update_policy
 from tests.helpers.batches import make_batch
 
 
@@ -41,12 +42,13 @@ def ranks(size, tmp_path, fn):
     return out
 
 
-def train(model, batch, dp=None, lr=0.5, **kw):
+def train(model, batch, dp=None, lr=0.5, loss_agg="token-mean"):
     """Plain SGD: the weights move by the gradients themselves (Adam would magnify float noise on
     near-zero gradients), so they tell whether the ranks' summed gradient is the single trainer's."""
     opt = torch.optim.SGD(model.parameters(), lr=lr)
-    metrics = update_policy(model, opt, batch, policy_loss=ppo_clip_loss, generator=torch.Generator().manual_seed(0),
-                            ppo_epochs=2, minibatches=2, entropy_coef=0.01, dp=dp, **kw)
+    loss = functools.partial(ppo_clip_loss, loss_agg=loss_agg, norm_length=batch.response_ids.shape[1])
+    settings = UpdateSettings(epochs=2, minibatches=2, loss_agg=loss_agg, entropy_coef=0.01)
+    metrics = update_policy(model, opt, batch, loss, settings, torch.Generator().manual_seed(0), dp=dp)
     return metrics, {n: p.detach().clone() for n, p in model.named_parameters()}
 
 

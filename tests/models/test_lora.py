@@ -15,6 +15,7 @@ from tempering.config import build_config, load_config
 from tempering.loop import RLTrainer
 from tempering.models.loading import load_model
 from tempering.pipeline import train
+from tempering.roles import build_roles
 from tempering.state import TrainState
 
 LORA = ["model.lora.r=4", "model.lora.alpha=8", "sft.steps=0", "train.steps=2", "algo.lr=0.02",
@@ -87,7 +88,7 @@ def test_the_reference_of_a_lora_run_is_the_base_with_adapters_off(tiny_model_di
         for name, p in state.policy.named_parameters():
             if "lora_B" in name:
                 p.normal_(0, 0.5)  # adapters that change the policy
-    trainer = RLTrainer(cfg, state, [], sandbox, log=lambda *_: None)
+    trainer = RLTrainer(cfg, state, [], build_roles(cfg, state, [], sandbox, log=lambda *_: None))
     gen = trainer.engine.generate([[1, 5, 9, 11]] * 2, generator=torch.Generator().manual_seed(0))
     args = gen.prompt_ids, gen.prompt_mask, gen.response_ids, gen.response_mask
     base = load_model(tiny_model_dir)

@@ -1,3 +1,4 @@
+import functools
 import warnings
 
 import pytest
@@ -8,7 +9,7 @@ from tempering.models.forward import response_logprobs
 from tempering.rollout.engine import LocalEngine, SamplingParams
 from tempering.training.optim import make_optimizer, make_scheduler
 from tempering.training.sft import encode_examples, run_sft, sft_completion
-from tempering.training.update import update_policy
+from tempering.training.update import UpdateSettings, update_policy
 from tests.helpers.batches import make_batch
 
 
@@ -44,8 +45,8 @@ def test_update_raises_the_likelihood_of_rewarded_samples(tiny, tasks):
         return (lp * batch.response_mask).sum(1)
 
     before = seq_logp()
-    metrics = update_policy(model, opt, batch, policy_loss=ppo_clip_loss, generator=torch.Generator().manual_seed(0),
-                            ppo_epochs=2, minibatches=2)
+    settings = UpdateSettings(epochs=2, minibatches=2)
+    metrics = update_policy(model, opt, batch, ppo_clip_loss, settings, torch.Generator().manual_seed(0))
     after = seq_logp()
     delta = after - before
     assert delta[0] > delta[1] and delta[3] > delta[2]  # winners gain relative to losers in each group
@@ -65,8 +66,8 @@ def test_a_mixed_precision_update_keeps_fp32_weights_and_raises_the_rewarded_sam
     assert mixed.dtype == torch.float32 and 0 < float((mixed - fp32).abs().max()) < 0.1
     opt = make_optimizer(model, lr=1e-3)  # as the fp32 test's
     before = (fp32 * batch.response_mask).sum(1)
-    update_policy(model, opt, batch, policy_loss=ppo_clip_loss, generator=torch.Generator().manual_seed(0),
-                  ppo_epochs=2, minibatches=2, compute=torch.bfloat16)
+    update_policy(model, opt, batch, ppo_clip_loss, UpdateSettings(epochs=2, minibatches=2, compute=torch.bfloat16),
+                  torch.Generator().manual_seed(0))
     assert all(p.dtype == torch.float32 for p in model.parameters())
     with torch.no_grad():
         after, _ = response_logprobs(model, batch.prompt_ids, batch.prompt_mask, batch.response_ids,
@@ -82,14 +83,14 @@ def test_each_mixed_precision_minibatch_runs_on_the_weights_of_the_step_before(t
     model, tokenizer = tiny
     batch = make_batch(model, tokenizer, tasks[0][:2], [1.0, 0.0, 0.0, 1.0])
     start = {k: v.clone() for k, v in model.state_dict().items()}
-    kwargs = {"policy_loss": ppo_clip_loss, "compute": torch.bfloat16}
-    update_policy(model, make_optimizer(model, lr=1e-2), batch, generator=torch.Generator().manual_seed(0),
-                  minibatches=2, **kwargs)
+    update_policy(model, make_optimizer(model, lr=1e-2), batch, ppo_clip_loss,
+                  UpdateSettings(minibatches=2, compute=torch.bfloat16), torch.Generator().manual_seed(0))
     together = [p.detach().clone() for p in model.parameters()]
     model.load_state_dict(start)
     opt = make_optimizer(model, lr=1e-2)
     for index in batch.minibatches(2, torch.Generator().manual_seed(0)):
-        update_policy(model, opt, batch.select(index), generator=torch.Generator().manual_seed(0), **kwargs)
+        update_policy(model, opt, batch.select(index), ppo_clip_loss, UpdateSettings(compute=torch.bfloat16),
+                      torch.Generator().manual_seed(0))
     assert all(torch.equal(a, b) for a, b in zip(together, model.parameters()))
     assert not all(torch.equal(a, b) for a, b in zip(together, start.values()))
 
@@ -114,9 +115,10 @@ def test_the_update_trains_on_the_kept_tokens_as_if_the_rejected_were_never_samp
     out = []
     for b in (rejected, never):
         m = copy.deepcopy(start)
-        metrics = update_policy(m, torch.optim.SGD(m.parameters(), lr=0.5), b, policy_loss=ppo_clip_loss,
-                                generator=torch.Generator().manual_seed(0), minibatches=1, entropy_coef=0.01,
-                                kl_coef=0.1, loss_agg="seq-mean-token-mean")
+        loss = functools.partial(ppo_clip_loss, loss_agg="seq-mean-token-mean")
+        settings = UpdateSettings(loss_agg="seq-mean-token-mean", entropy_coef=0.01)
+        metrics = update_policy(m, torch.optim.SGD(m.parameters(), lr=0.5), b, loss, settings, torch.Generator().manual_seed(0),
+                                kl_coef=0.1)
         out.append((metrics, [p.detach().clone() for p in m.parameters()]))
     assert out[0][0] == pytest.approx(out[1][0], rel=1e-5, abs=1e-7)
     assert all(torch.allclose(a, b, atol=1e-7) for a, b in zip(out[0][1], out[1][1]))
@@ -127,7 +129,7 @@ def test_zero_advantage_batch_leaves_weights_unchanged(tiny, tasks):
     batch = make_batch(model, tokenizer, tasks[0][:2], [0.5, 0.5, 1.0, 1.0])  # no variance in either group
     before = [p.detach().clone() for p in model.parameters()]
     opt = torch.optim.SGD(model.parameters(), lr=1.0)  # plain SGD: zero gradient means no step at all
-    update_policy(model, opt, batch, policy_loss=ppo_clip_loss, generator=torch.Generator().manual_seed(0))
+    update_policy(model, opt, batch, ppo_clip_loss, UpdateSettings(), torch.Generator().manual_seed(0))
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
 
 
@@ -275,9 +277,8 @@ def test_with_dropout_in_the_model_the_ratio_is_one_before_the_first_step(tiny_m
         batch = make_batch(model, load_tokenizer(tiny_model_dir), tasks[0][:4], [1.0, 0.0, 0.0, 1.0] * 2)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            metrics = update_policy(model, torch.optim.SGD(model.parameters(), lr=0.0), batch,
-                                    policy_loss=ppo_clip_loss, generator=torch.Generator().manual_seed(0),
-                                    gradient_checkpointing=checkpointing)
+            metrics = update_policy(model, torch.optim.SGD(model.parameters(), lr=0.0), batch, ppo_clip_loss,
+                                    UpdateSettings(gradient_checkpointing=checkpointing), torch.Generator().manual_seed(0))
         assert metrics["actor/pg_clipfrac"] == 0.0 and abs(metrics["actor/ppo_kl"]) < 1e-6, (checkpointing, metrics)
         assert model.training  # left as it was found, checkpointing off again, without transformers' deprecations
         assert not any(getattr(m, "gradient_checkpointing", False) for m in model.modules())

@@ -3,19 +3,19 @@
 Every estimator has the same signature, so they sit in one registry and the loop calls whichever the
 config names:
 
-    fn(x: AdvantageInputs, **hyper) -> (advantages (B, T), returns (B, T))
+    fn(x: AdvantageInputs, *, <its hyper-parameters>) -> (advantages (B, T), returns (B, T))
 
 `x.rewards` are sequence-level scores (the outcome reward, credited at the last response token).
 `x.token_rewards` (B, T), optional, are per-token terms added on top: a KL penalty used as a reward, or
 per-step process rewards credited at the last token of each step. Sequence-level estimators (GRPO, RLOO)
 fold them into the sequence reward; token-level ones (REINFORCE++, GAE) credit them where they occur.
-Hyper-parameters an estimator does not use are accepted and ignored, so one call site serves all.
+Hyper-parameters are keyword-only and explicit: the run binds each estimator to the ones it declares
+when it is built (`tempering.roles.bind_estimator`), so a misspelt one is an error there, not a no-op.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import torch
 from torch import Tensor
@@ -82,22 +82,20 @@ def grpo_advantages(rewards: Tensor, group_ids: Tensor, *, scale_by_std: bool = 
     return adv
 
 
-def grpo(x: AdvantageInputs, *, scale_by_std: bool = True, eps: float = 1e-6,
-         **_: object) -> tuple[Tensor, Tensor]:
+def grpo(x: AdvantageInputs, *, scale_by_std: bool = True, eps: float = 1e-6) -> tuple[Tensor, Tensor]:
     """GRPO: A_i = (r_i - mean_group) / (std_group + eps) on every response token; returns = advantages."""
     r = sequence_rewards(x.rewards, x.response_mask, x.token_rewards)
     adv = grpo_advantages(r, x.group_ids, scale_by_std=scale_by_std, eps=eps)[:, None] * x.response_mask
     return adv, adv                                                 # (B, T), (B, T)
 
 
-def dr_grpo(x: AdvantageInputs, **hyper: Any) -> tuple[Tensor, Tensor]:
+def dr_grpo(x: AdvantageInputs, *, eps: float = 1e-6) -> tuple[Tensor, Tensor]:
     """Dr. GRPO (arXiv 2503.20783): GRPO without the division by the group's std. Use it with
     `loss_agg: seq-mean-token-sum-norm` to also drop the length normalisation, as the paper does."""
-    hyper.pop("scale_by_std", None)
-    return grpo(x, scale_by_std=False, **hyper)
+    return grpo(x, scale_by_std=False, eps=eps)
 
 
-def rloo(x: AdvantageInputs, **_: object) -> tuple[Tensor, Tensor]:
+def rloo(x: AdvantageInputs) -> tuple[Tensor, Tensor]:
     """REINFORCE leave-one-out (Kool et al. 2019; Ahmadian et al. 2024, arXiv 2402.14740):
     A_i = r_i - mean_{j != i} r_j = G / (G - 1) * (r_i - mean_group). A group of one gets 0."""
     r = sequence_rewards(x.rewards, x.response_mask, x.token_rewards)
@@ -107,8 +105,7 @@ def rloo(x: AdvantageInputs, **_: object) -> tuple[Tensor, Tensor]:
     return adv, adv
 
 
-def reinforce_pp(x: AdvantageInputs, *, gamma: float = 1.0, baseline: str = "none",
-                 **_: object) -> tuple[Tensor, Tensor]:
+def reinforce_pp(x: AdvantageInputs, *, gamma: float = 1.0, baseline: str = "none") -> tuple[Tensor, Tensor]:
     """REINFORCE++ (Hu 2025, arXiv 2501.03262): token-level reward-to-go (outcome at the last token plus
     per-token rewards such as a KL penalty), whitened over the whole batch - no critic, no group baseline.
     `baseline="group"` is REINFORCE++-baseline: the group's mean outcome is subtracted first."""
@@ -122,15 +119,15 @@ def reinforce_pp(x: AdvantageInputs, *, gamma: float = 1.0, baseline: str = "non
     return adv, returns
 
 
-def reinforce_pp_baseline(x: AdvantageInputs, **hyper: Any) -> tuple[Tensor, Tensor]:
-    hyper.pop("baseline", None)
-    return reinforce_pp(x, baseline="group", **hyper)
+def reinforce_pp_baseline(x: AdvantageInputs, *, gamma: float = 1.0) -> tuple[Tensor, Tensor]:
+    """REINFORCE++ with the group's mean outcome as the baseline (`reinforce_pp(baseline="group")`)."""
+    return reinforce_pp(x, gamma=gamma, baseline="group")
 
 
 # ---------------------------------------------------------------------------------------- critic
 
 
-def gae(x: AdvantageInputs, *, gamma: float = 1.0, lam: float = 0.95, **_: object) -> tuple[Tensor, Tensor]:
+def gae(x: AdvantageInputs, *, gamma: float = 1.0, lam: float = 0.95) -> tuple[Tensor, Tensor]:
     """Generalised advantage estimation (Schulman et al. 2016, arXiv 1506.02438) with a critic.
 
     values (B, T): V(s_t), the critic's estimate before response token t. With per-token rewards r_t,
@@ -156,7 +153,7 @@ def gae(x: AdvantageInputs, *, gamma: float = 1.0, lam: float = 0.95, **_: objec
     return adv * response_mask, returns
 
 
-AdvantageEstimator = Callable[..., tuple[Tensor, Tensor]]  # (AdvantageInputs, **hyper) -> (advantages, returns)
+AdvantageEstimator = Callable[..., tuple[Tensor, Tensor]]  # (AdvantageInputs, *, hyper) -> (advantages, returns)
 
 ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {
     "grpo": grpo,
@@ -170,5 +167,6 @@ gae.needs_critic = True  # type: ignore[attr-defined]  # a property of the estim
 
 
 def needs_critic(estimator: AdvantageEstimator) -> bool:
-    """Whether the estimator reads critic values (`fn.needs_critic = True`), so the trainer must keep one."""
-    return bool(getattr(estimator, "needs_critic", False))
+    """Whether the estimator reads critic values (`fn.needs_critic = True`), so the trainer must keep one.
+    A bound estimator (a `functools.partial`) answers for the function it binds."""
+    return bool(getattr(getattr(estimator, "func", estimator), "needs_critic", False))

@@ -2,7 +2,10 @@
 
 One signature for every policy loss:
 
-    fn(x: LossInputs, *, loss_agg, **hyper) -> (loss scalar, metrics dict of scalar tensors)
+    fn(x: LossInputs, *, loss_agg, norm_length, <its hyper-parameters>) -> (loss scalar, metrics dict)
+
+Hyper-parameters are keyword-only and explicit; the run binds each loss to the ones it declares once, when
+it is built (`tempering.roles.bind_policy_loss`), and the update calls `loss(x)`.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from tempering.algos.masked import masked_mean, sequence_mean
 # --------------------------------------------------------------------------------- aggregations
 
 
-def token_mean(losses: Tensor, mask: Tensor, **_: object) -> Tensor:
+def token_mean(losses: Tensor, mask: Tensor) -> Tensor:
     """Every response token in the batch weighs the same (DAPO's choice; verl `token-mean`)."""
     return masked_mean(losses, mask)
 
@@ -27,17 +30,17 @@ def token_mean(losses: Tensor, mask: Tensor, **_: object) -> Tensor:
 # token rejected by the mismatch correction) is not counted, as in verl's `agg_loss` (docs/algorithms.md).
 
 
-def seq_mean_token_sum(losses: Tensor, mask: Tensor, **_: object) -> Tensor:
+def seq_mean_token_sum(losses: Tensor, mask: Tensor) -> Tensor:
     """Sum over each sequence's tokens, mean over sequences (long answers weigh more)."""
     return sequence_mean((losses * mask).sum(-1), mask)
 
 
-def seq_mean_token_mean(losses: Tensor, mask: Tensor, **_: object) -> Tensor:
+def seq_mean_token_mean(losses: Tensor, mask: Tensor) -> Tensor:
     """Mean over each sequence's tokens, then over sequences (the original GRPO's per-sample average)."""
     return sequence_mean(masked_mean(losses, mask, dim=-1), mask)
 
 
-def seq_mean_token_sum_norm(losses: Tensor, mask: Tensor, *, norm_length: int | None = None, **_: object) -> Tensor:
+def seq_mean_token_sum_norm(losses: Tensor, mask: Tensor, *, norm_length: int | None = None) -> Tensor:
     """Sum over tokens divided by a constant length (default the batch's T), mean over sequences:
     Dr. GRPO's unbiased aggregation (no per-sequence length normalisation). verl sums over sequences instead
     (no sequence count), which scales its loss by its micro-batch size."""
@@ -52,10 +55,14 @@ LOSS_AGGREGATIONS: dict[str, Callable[..., Tensor]] = {
 }
 
 
-def aggregate(losses: Tensor, mask: Tensor, loss_agg: str, **hyper: object) -> Tensor:
+def aggregate(losses: Tensor, mask: Tensor, loss_agg: str, norm_length: int | None = None) -> Tensor:
+    """`LOSS_AGGREGATIONS[loss_agg]` of (B, T) losses -> scalar; `norm_length` is the one aggregation's that
+    divides by a constant length (seq-mean-token-sum-norm; None = the batch's T)."""
     if loss_agg not in LOSS_AGGREGATIONS:
         raise ValueError(f"unknown loss_agg '{loss_agg}'; valid: {', '.join(LOSS_AGGREGATIONS)}")
-    return LOSS_AGGREGATIONS[loss_agg](losses, mask, **hyper)
+    if loss_agg == "seq-mean-token-sum-norm":
+        return seq_mean_token_sum_norm(losses, mask, norm_length=norm_length)
+    return LOSS_AGGREGATIONS[loss_agg](losses, mask)
 
 
 # -------------------------------------------------------------------------------- policy losses
@@ -75,7 +82,6 @@ def ppo_clip_loss(
     clip_ratio_c: float | None = None,
     loss_agg: str = "token-mean",
     norm_length: int | None = None,
-    **_: object,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO clipped surrogate (Schulman et al. 2017, arXiv 1707.06347), per token.
 
@@ -109,8 +115,8 @@ def ppo_clip_loss(
     return loss, metrics
 
 
-def vanilla_pg_loss(x: LossInputs, *, loss_agg: str = "token-mean", norm_length: int | None = None,
-                    **_: object) -> tuple[Tensor, dict[str, Tensor]]:
+def vanilla_pg_loss(x: LossInputs, *, loss_agg: str = "token-mean",
+                    norm_length: int | None = None) -> tuple[Tensor, dict[str, Tensor]]:
     """Plain policy gradient: -A_t * r_t (equal to -A_t log pi at r = 1, with the same gradient)."""
     ratio = torch.exp(x.logprobs - x.old_logprobs)
     loss = aggregate(x.weighted(-x.advantages * ratio), x.mask, loss_agg, norm_length=norm_length)
@@ -128,7 +134,6 @@ def gspo_loss(
     clip_ratio_high: float | None = None,
     loss_agg: str = "seq-mean-token-mean",
     norm_length: int | None = None,
-    **_: object,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """GSPO (Zheng et al. 2025, arXiv 2507.18071): one importance ratio per sequence, the geometric mean of its
     tokens' ratios, s_i = (pi(y_i | x) / pi_old(y_i | x))^(1 / |y_i|), clipped as PPO clips a token's:
@@ -164,7 +169,6 @@ def cispo_loss(
     clip_ratio_high: float | None = None,
     loss_agg: str = "token-mean",
     norm_length: int | None = None,
-    **_: object,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """CISPO (MiniMax-M1, arXiv 2506.13585): no token loses its gradient to clipping; its importance weight is
     clipped instead, and carries no gradient:
@@ -186,7 +190,7 @@ def cispo_loss(
     return loss, metrics
 
 
-PolicyLoss = Callable[..., tuple[Tensor, dict[str, Tensor]]]  # (LossInputs, **hyper) -> (loss, metrics)
+PolicyLoss = Callable[..., tuple[Tensor, dict[str, Tensor]]]  # (LossInputs, *, hyper) -> (loss, metrics)
 
 POLICY_LOSSES: dict[str, PolicyLoss] = {
     "ppo_clip": ppo_clip_loss,

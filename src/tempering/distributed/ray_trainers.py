@@ -19,16 +19,16 @@ import tempfile
 
 import ray
 
-from tempering.algos import POLICY_LOSSES, lookup
 from tempering.config import RunConfig
 from tempering.distributed.canary import compare_replicas
 from tempering.distributed.weights import fingerprints
 from tempering.errors import TemperingError
+from tempering.roles import bind_policy_loss
 from tempering.runtime import configure
 from tempering.tracking import Timer
 from tempering.training.data_parallel import LOOPBACK, DataParallel, Rendezvous, Replica
 from tempering.training.optim import make_optimizer
-from tempering.training.update import update_models
+from tempering.training.update import UpdateSettings, update_models
 
 
 class TrainerDied(TemperingError):
@@ -52,7 +52,7 @@ class TrainerActor:
         if critic is not None:
             self.models.critic_optimizer.load_state_dict(critic_optimizer_state)
         self.cfg, self.rank, self.dp = cfg, rank, None
-        self.policy_loss = lookup(POLICY_LOSSES, algo.policy_loss, "policy loss")
+        self.loss, self.settings = bind_policy_loss(cfg), UpdateSettings.from_config(cfg)
 
     def join(self, rendezvous: Rendezvous) -> None:
         hostname = LOOPBACK if rendezvous.path else ray.util.get_node_ip_address()
@@ -62,7 +62,7 @@ class TrainerActor:
         """One step's update on this rank's parts; -> fingerprints of the policy (and critic) after it."""
         for group, value in zip(self.models.optimizer.param_groups, lr):
             group["lr"] = value
-        update_models(self.cfg, self.models, ray.get(batch[0]), step, policy_loss=self.policy_loss,
+        update_models(self.cfg, self.models, ray.get(batch[0]), step, loss=self.loss, settings=self.settings,
                       kl_coef=kl_coef, timer=Timer(), dp=self.dp)
         critic = self.models.critic
         return fingerprints(self.models.policy), None if critic is None else fingerprints(critic)
