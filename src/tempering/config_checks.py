@@ -54,9 +54,9 @@ def _known(key: str, name: str, registry: dict[str, Any]) -> bool:
 
 
 def _check_algo(cfg: RunConfig) -> None:
-    """The estimator and the policy loss bound as the run binds them (`roles`): names, imports, keywords."""
+    """The estimator and the policy loss bound as the run binds them (`training.algorithm`): names, imports, keywords."""
     from tempering.algos import ADVANTAGE_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES
-    from tempering.roles import bind_estimator, bind_policy_loss
+    from tempering.training.algorithm import bind_estimator, bind_policy_loss
 
     a = cfg.algo
     _known("algo.estimator", a.estimator, ADVANTAGE_ESTIMATORS)

@@ -1,8 +1,7 @@
 """The parts of an RL run, built once from its config in one trip down the layers: the estimator and the
-policy loss bound to their hyper-parameters, the update's settings, this process's rollout source, the
-reference engine, the rollout pool and the data-parallel trainers. `RLTrainer` receives them built and
-reads no config to make them; the config's checks (`config_checks`) bind the same way at load time, so a
-hyper-parameter a function does not take fails there, in one line, before anything is written.
+policy loss bound to their hyper-parameters (`training.algorithm`), the update's settings, this process's
+rollout source, the reference engine, the rollout pool and the data-parallel trainers. `RLTrainer` receives
+them built and reads no config to make them.
 """
 
 from __future__ import annotations
@@ -10,48 +9,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tempering.algos import ADVANTAGE_ESTIMATORS, POLICY_LOSSES, lookup
 from tempering.algos.advantages import AdvantageEstimator
 from tempering.algos.losses import PolicyLoss
 from tempering.config import RunConfig
 from tempering.distributed.canary import Probe
 from tempering.distributed.pool import Pool, make_pool
 from tempering.distributed.source import RolloutSource
-from tempering.registry import accepted, bind
 from tempering.rollout.chat import chat_format
 from tempering.rollout.engine import Engine, make_engine
 from tempering.sandbox import Sandbox
 from tempering.seeding import step_seed
 from tempering.state import TrainState
+from tempering.training.algorithm import bind_estimator, bind_policy_loss
 from tempering.training.update import UpdateSettings
 from tempering.types import Task
-
-
-def estimator_hyper(cfg: RunConfig) -> dict[str, Any]:
-    """The run's estimator hyper-parameters; an estimator is bound to those it declares."""
-    a = cfg.algo
-    return {"scale_by_std": a.scale_by_std, "gamma": a.gamma, "lam": a.lam}
-
-
-def loss_hyper(cfg: RunConfig) -> dict[str, Any]:
-    """The run's policy-loss hyper-parameters; a loss is bound to those it declares. `norm_length` is the
-    longest response an episode can have (seq-mean-token-sum-norm's constant)."""
-    a = cfg.algo
-    return {"clip_ratio": a.clip_ratio, "clip_ratio_low": a.clip_ratio_low, "clip_ratio_high": a.clip_ratio_high,
-            "clip_ratio_c": a.clip_ratio_c, "loss_agg": a.loss_agg,
-            "norm_length": cfg.rollout.max_new_tokens * cfg.env.max_turns}
-
-
-def bind_estimator(cfg: RunConfig) -> AdvantageEstimator:
-    """`algo.estimator` (a registry name or `package.module:function`), called as `estimator(x)`."""
-    fn = lookup(ADVANTAGE_ESTIMATORS, cfg.algo.estimator, "advantage estimator")
-    return bind(fn, cfg.algo.estimator, "advantage estimator", **accepted(fn, estimator_hyper(cfg)))
-
-
-def bind_policy_loss(cfg: RunConfig) -> PolicyLoss:
-    """`algo.policy_loss` (a registry name or `package.module:function`), called as `loss(x)`."""
-    fn = lookup(POLICY_LOSSES, cfg.algo.policy_loss, "policy loss")
-    return bind(fn, cfg.algo.policy_loss, "policy loss", **accepted(fn, loss_hyper(cfg)))
 
 
 @dataclass

@@ -176,7 +176,7 @@ def test_dr_grpo_is_grpo_without_std_and_invariant_to_shifts():
 @pytest.mark.parametrize("name", sorted(ADVANTAGE_ESTIMATORS))
 def test_every_estimator_binds_to_the_runs_keywords_and_masks_padding(name):
     from tempering.config import build_config
-    from tempering.roles import bind_estimator
+    from tempering.training.algorithm import bind_estimator
 
     rewards, mask, group_ids, values = ragged(7)
     x = AdvantageInputs(rewards, mask, group_ids, values=values)

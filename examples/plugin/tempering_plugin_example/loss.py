@@ -1,5 +1,5 @@
 """A policy loss of one's own, named as `algo.policy_loss` by import path. It takes the `LossInputs` and, as
-keyword-only parameters, whichever of the run's loss hyper-parameters it declares (`tempering.roles.loss_hyper`:
+keyword-only parameters, whichever of the run's loss hyper-parameters it declares (`tempering.training.algorithm.loss_hyper`:
 the clipping keywords, `loss_agg`, `norm_length`), bound once when the run is built; it returns the loss and
 metrics, which are logged as `actor/<name>`."""
 

@@ -5,7 +5,7 @@ One signature for every policy loss:
     fn(x: LossInputs, *, loss_agg, norm_length, <its hyper-parameters>) -> (loss scalar, metrics dict)
 
 Hyper-parameters are keyword-only and explicit; the run binds each loss to the ones it declares once, when
-it is built (`tempering.roles.bind_policy_loss`), and the update calls `loss(x)`.
+it is built (`tempering.training.algorithm.bind_policy_loss`), and the update calls `loss(x)`.
 """
 
 from __future__ import annotations

@@ -23,9 +23,9 @@ from tempering.config import RunConfig
 from tempering.distributed.canary import compare_replicas
 from tempering.distributed.weights import fingerprints
 from tempering.errors import TemperingError
-from tempering.roles import bind_policy_loss
 from tempering.runtime import configure
 from tempering.tracking import Timer
+from tempering.training.algorithm import bind_policy_loss
 from tempering.training.data_parallel import LOOPBACK, DataParallel, Rendezvous, Replica
 from tempering.training.optim import make_optimizer
 from tempering.training.update import UpdateSettings, update_models

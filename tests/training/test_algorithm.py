@@ -1,4 +1,4 @@
-"""Binding estimators and losses once (`tempering.roles`, `registry.bind`): the run's hyper-parameters reach
+"""Binding estimators and losses once (`training.algorithm`, `registry.bind`): the run's hyper-parameters reach
 the functions that declare them, and a keyword a function does not take is a one-line ConfigError."""
 
 import pytest
@@ -30,7 +30,7 @@ def test_a_misspelt_hyper_parameter_is_an_error_not_silently_dropped():
 
 
 def test_a_bound_function_carries_the_runs_hyper_parameters():
-    from tempering.roles import bind_estimator, bind_policy_loss
+    from tempering.training.algorithm import bind_estimator, bind_policy_loss
 
     x, lx = inputs()
     cfg = build_config({"algo": {"scale_by_std": False, "clip_ratio": 0.05, "loss_agg": "seq-mean-token-sum-norm"},
@@ -53,14 +53,14 @@ def needy_loss(x, *, clip_ratoi):
 
 
 def test_a_user_loss_gets_the_keywords_it_declares_and_a_missing_one_fails_at_load_time():
-    from tempering.roles import bind_policy_loss
+    from tempering.training.algorithm import bind_policy_loss
 
-    cfg = build_config({"algo": {"policy_loss": "tests.test_roles:lean_loss", "loss_agg": "seq-mean-token-mean"}})
+    cfg = build_config({"algo": {"policy_loss": "tests.training.test_algorithm:lean_loss", "loss_agg": "seq-mean-token-mean"}})
     _, lx = inputs()
     assert torch.equal(bind_policy_loss(cfg)(lx)[0], ppo_clip_loss(lx, loss_agg="seq-mean-token-mean")[0])
     with pytest.raises(ConfigError) as e:
-        build_config({"algo": {"policy_loss": "tests.test_roles:needy_loss"}})
-    assert "algo.policy_loss: policy loss 'tests.test_roles:needy_loss' cannot take" in str(e.value)
+        build_config({"algo": {"policy_loss": "tests.training.test_algorithm:needy_loss"}})
+    assert "algo.policy_loss: policy loss 'tests.training.test_algorithm:needy_loss' cannot take" in str(e.value)
     assert "clip_ratoi" in str(e.value) and "\n" not in str(e.value)
 
 
