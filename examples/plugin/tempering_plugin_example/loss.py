@@ -1,7 +1,7 @@
 """A policy loss of one's own, named as `algo.policy_loss` by import path. It takes the `LossInputs` and, as
-keyword-only parameters, whichever of the run's loss hyper-parameters it declares (`tempering.training.algorithm.loss_hyper`:
-the clipping keywords, `loss_agg`, `norm_length`), bound once when the run is built; it returns the loss and
-metrics, which are logged as `actor/<name>`."""
+keyword-only parameters, whichever of the run's loss hyper-parameters it declares (the clipping keywords,
+`loss_agg`, `norm_length`: `tempering.training.algorithm.loss_hyper`), bound once when the run is built; it
+returns the loss and metrics, which are logged as `actor/<name>`."""
 
 from __future__ import annotations
 

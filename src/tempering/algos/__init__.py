@@ -50,8 +50,8 @@ def lookup(registry: Mapping[str, F], name: str, what: str) -> F:
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS", "KL_ESTIMATORS", "LOSS_AGGREGATIONS", "POLICY_LOSSES", "AdvantageInputs",
-    "KLController", "LossInputs", "aggregate",
-    "cispo_loss", "clipped_value_loss", "discounted_returns", "dr_grpo", "gae", "group_mean_std", "grpo", "grpo_advantages", "gspo_loss",
-    "kl_k1", "kl_k2", "kl_k3", "kl_reward", "lookup", "needs_critic", "masked_mean", "masked_sum", "masked_var", "masked_whiten",
-    "ppo_clip_loss", "reinforce_pp", "reinforce_pp_baseline", "rloo", "token_mean", "vanilla_pg_loss",
+    "KLController", "LossInputs", "aggregate", "cispo_loss", "clipped_value_loss", "discounted_returns", "dr_grpo",
+    "gae", "group_mean_std", "grpo", "grpo_advantages", "gspo_loss", "kl_k1", "kl_k2", "kl_k3", "kl_reward",
+    "lookup", "needs_critic", "masked_mean", "masked_sum", "masked_var", "masked_whiten", "ppo_clip_loss",
+    "reinforce_pp", "reinforce_pp_baseline", "rloo", "token_mean", "vanilla_pg_loss",
 ]

@@ -10,7 +10,7 @@ config names:
 per-step process rewards credited at the last token of each step. Sequence-level estimators (GRPO, RLOO)
 fold them into the sequence reward; token-level ones (REINFORCE++, GAE) credit them where they occur.
 Hyper-parameters are keyword-only and explicit: the run binds each estimator to the ones it declares
-when it is built (`tempering.training.algorithm.bind_estimator`), so a misspelt one is an error there, not a no-op.
+when it is built (`training.algorithm.bind_estimator`), so a misspelt one is an error there, not a no-op.
 """
 
 from __future__ import annotations
