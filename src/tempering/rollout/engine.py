@@ -29,6 +29,7 @@ import threading
 from collections.abc import Callable, Mapping
 from contextlib import nullcontext
 from pathlib import Path
+from typing import TypeGuard
 
 import torch
 from torch import Tensor
@@ -64,7 +65,7 @@ class LocalEngine:
         assert adapters or self._dtype is None, "a reference engine samples nothing: it needs no bf16 copy"
         self.scheduler = Scheduler(model, self.stop_ids, max_rows=max_rows, max_length=max_length,
                                    version=lambda: self.version, on_step=on_step)
-        self._copy = None
+        self._copy: torch.nn.Module | None = None
         self._loop: threading.Thread | None = None
         self._wake = threading.Event()
         self._closed = False
@@ -198,8 +199,8 @@ def fuse(module: torch.nn.Module, names: tuple[str, ...], fused: str) -> set[int
     output is theirs side by side: one matmul over the stacked weights, the same outputs bitwise (measured: q,
     k, v in half the time of three, gate and up 10% faster than two, at a decode step's 32 rows). The ids of
     the layers fused (none where they are not all plain bf16 CPU linears alike in bias)."""
-    layers = [getattr(module, name, None) for name in names]
-    if not all(_packable(layer) for layer in layers) or len({layer.bias is None for layer in layers}) > 1:
+    layers = [layer for name in names if _packable(layer := getattr(module, name, None))]
+    if len(layers) < len(names) or len({layer.bias is None for layer in layers}) > 1:
         return set()
     weight = torch.cat([layer.weight.detach() for layer in layers])
     bias = None if layers[0].bias is None else torch.cat([layer.bias.detach() for layer in layers])
@@ -207,7 +208,7 @@ def fuse(module: torch.nn.Module, names: tuple[str, ...], fused: str) -> set[int
     return {id(layer) for layer in layers}
 
 
-def _packable(layer) -> bool:
+def _packable(layer: object) -> TypeGuard[torch.nn.Linear]:
     return type(layer) is torch.nn.Linear and layer.weight.dtype == torch.bfloat16 and layer.weight.device.type == "cpu"
 
 

@@ -53,12 +53,14 @@ class SlotCache:
             self.v.append(torch.zeros(shape, dtype=value.dtype, device=value.device))
         k, v = self.k[layer_idx], self.v[layer_idx]
         _, h, _, d = key.shape
-        if self._at is None:  # (slot, head, position) -> row of the (slots * H * length, D) view; every layer's
-            slots = torch.arange(self.lo, self.hi, device=key.device)[:, None, None] * h  # buffers share a shape
+        at = self._at
+        if at is None:  # (slot, head, position) -> row of the (slots * H * length, D) view; every layer's
+            assert self._write is not None, "set_batch comes before the forward"        # buffers share a shape
+            slots = torch.arange(self.lo, self.hi, device=key.device)[:, None, None] * h
             heads = torch.arange(h, device=key.device)[None, :, None]
-            self._at = ((slots + heads) * self.length + self._write[:, None, :]).reshape(-1)
-        k.view(-1, d).index_copy_(0, self._at, key.reshape(-1, d))  # in place, one kernel per tensor
-        v.view(-1, d).index_copy_(0, self._at, value.reshape(-1, d))
+            at = self._at = ((slots + heads) * self.length + self._write[:, None, :]).reshape(-1)
+        k.view(-1, d).index_copy_(0, at, key.reshape(-1, d))  # in place, one kernel per tensor
+        v.view(-1, d).index_copy_(0, at, value.reshape(-1, d))
         return k[self.lo: self.hi, :, : self.width], v[self.lo: self.hi, :, : self.width]
 
     def ensure(self, slots: int, length: int) -> None:

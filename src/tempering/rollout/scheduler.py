@@ -24,6 +24,7 @@ from collections import deque
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import cast
 
 import torch
 from torch import Tensor
@@ -174,7 +175,7 @@ class Scheduler:
             for handle in [h for h in self.waiting if h.cancelled.is_set()]:  # gone before they started
                 self.waiting.remove(handle)
                 self._finish_unstarted(handle, "cancelled")
-            new = []
+            new: list[Handle] = []
             while self.waiting and len(self.rows) + len(new) < self.max_rows:
                 handle = self.waiting.popleft()
                 if len(handle.request.prompt) >= self.max_length or handle.request.max_tokens <= 0:
@@ -259,7 +260,7 @@ class Scheduler:
         for r, t in zip(rows, todo):
             r.tokens += t
         self.prefilled += sum(map(len, todo))
-        return self._logits(torch.stack(last))
+        return self._logits(torch.stack(cast(list[Tensor], last)))  # every row has a token to compute
 
     def _decode(self) -> None:
         n, device = len(self.rows), self.device
