@@ -1,7 +1,8 @@
 """The import contract (imports only go downward), read from the source with `ast`.
 
-Every `import` counts, at module level or inside a function (a deferred import still ties the two files
-together), except under `if TYPE_CHECKING:`. `from pkg import name` is an edge to `pkg/name.py` when that
+Every `import` counts, at module level, inside a function (a deferred import still ties the two files
+together) or under `if TYPE_CHECKING:` (a type-only import is a dependency all the same: the records two
+files share live in a lower module, `types.py`, instead). `from pkg import name` is an edge to `pkg/name.py` when that
 is a module, else to `pkg/__init__.py`; importing `pkg.mod` is not counted as an edge to `pkg/__init__.py`.
 """
 
@@ -49,22 +50,9 @@ def module_file(module: str) -> str | None:
     return next((p.relative_to(PACKAGE).as_posix() for p in candidates if p.is_file()), None)
 
 
-def _is_type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
-
-
 def _import_nodes(tree: ast.AST):
-    """Every Import / ImportFrom node, skipping the bodies of `if TYPE_CHECKING:` (their `else` counts)."""
-    stack = [tree]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            yield node
-        if isinstance(node, ast.If) and _is_type_checking(node.test):
-            stack.extend(node.orelse)
-            continue
-        stack.extend(ast.iter_child_nodes(node))
+    """Every Import / ImportFrom node, `if TYPE_CHECKING:` bodies included."""
+    return (node for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom)))
 
 
 def imports_of(path: Path) -> list[Import]:
@@ -234,4 +222,4 @@ def test_checker_reads_deferred_relative_and_type_checking_imports(tmp_path, mon
         "def f():\n    from . import b\n    from .c import thing\n")
     monkeypatch.setattr(sys.modules[__name__], "PACKAGE", pkg)
     found = {(i.line, i.target) for i in imports_of(pkg / "p/a.py") if i.target}
-    assert found == {(5, "p/b.py"), (6, "p/c.py")}
+    assert found == {(3, "p/c.py"), (5, "p/b.py"), (6, "p/c.py")}

@@ -10,9 +10,7 @@ from tempering.envs import EnvContext
 from tempering.envs.code import CodeEnv
 from tempering.rewards import RewardFunction, final_attempt, step_texts
 from tempering.rewards.lint import lint_findings
-from tempering.rollout.chat import Conversation
-from tempering.rollout.episodes import Episode
-from tempering.types import Task, TestCase, Turn
+from tempering.types import Episode, Task, TestCase
 
 
 def task(**kw):
@@ -26,15 +24,14 @@ def task(**kw):
 
 def episodes(sandbox, t, completions, fn: RewardFunction, tokens=10, **options):
     """One-turn code episodes of `completions`, stepped together as the rollout driver steps them."""
-    ctx = EnvContext(sandbox, options={"needs": fn.needs, "guards": fn.guards, "guard_kinds": fn.guard_kinds,
-                                       **options})
+    ctx = EnvContext(sandbox, needs=frozenset(fn.needs), guards=fn.guards, guard_kinds=fn.guard_kinds, **options)
     envs = [CodeEnv(ctx) for _ in completions]
     for env in envs:
         env.reset(t)
     out = []
-    for env, completion, step in zip(envs, completions, CodeEnv.step_batch(envs, completions)):
-        e = Episode(t, 0, env, [], Conversation())
-        e.turns.append(Turn(completion, None, step.rewards, step.info, ended=True, tokens=tokens))
+    for completion, step in zip(completions, CodeEnv.step_batch(envs, completions)):
+        e = Episode(t, 0, [], CodeEnv.default_weights, CodeEnv.outcome)
+        e.turns.append(step.as_turn(completion, tokens=tokens))
         out.append(e)
     return out
 
@@ -116,9 +113,17 @@ def test_step_reward_hook_scores_each_line(sandbox, monkeypatch):
     module.prm = lambda task, steps: [1.0 if "return" in s else -0.1 for s in steps]
     monkeypatch.setitem(sys.modules, "user_prm", module)
     fn = RewardFunction({"tests": 1.0}, step_fn="user_prm:prm")
-    traj, r = run(sandbox, task(), "    y = x * x\n    return y\n", fn)
-    assert step_texts(traj.completion) == ["    y = x * x\n", "    return y\n"]
+    attempt, r = run(sandbox, task(), "    y = x * x\n    return y\n", fn)
+    assert step_texts(attempt.completion) == ["    y = x * x\n", "    return y\n"]
     assert r.info["step_rewards"] == [-0.1, 1.0]
+
+
+def test_a_step_reward_hook_that_names_attempt_gets_the_final_attempt(sandbox, monkeypatch):
+    module = types.ModuleType("user_prm_attempt")
+    module.prm = lambda task, steps, attempt: [attempt.exec_result.passed_fraction] * len(steps)
+    monkeypatch.setitem(sys.modules, "user_prm_attempt", module)
+    _, r = run(sandbox, task(), "    return x * x\n", RewardFunction({"tests": 1.0}, step_fn="user_prm_attempt:prm"))
+    assert r.info["step_rewards"] == [1.0]
 
 
 # ------------------------------------------------------------------------------------------- guards
@@ -185,14 +190,15 @@ def test_model_code_is_parsed_on_the_host_only_when_bounded():
 
 def multi_turn(sandbox, t, attempts, fn: RewardFunction):
     """A code episode of several attempts (feedback between them), as the driver records it."""
-    ctx = EnvContext(sandbox, max_turns=len(attempts),
-                     options={"needs": fn.needs, "guards": fn.guards, "guard_kinds": fn.guard_kinds})
+    ctx = EnvContext(sandbox, max_turns=len(attempts), needs=frozenset(fn.needs), guards=fn.guards,
+                     guard_kinds=fn.guard_kinds)
     env = CodeEnv(ctx)
     env.reset(t)
-    e = Episode(t, 0, env, [], Conversation())
+    e = Episode(t, 0, [], CodeEnv.default_weights, CodeEnv.outcome)
     for attempt in attempts:
         step = env.step(attempt)
-        e.turns.append(Turn(attempt, step.observation, step.rewards, step.info, ended=True, tokens=5))
+        e.turns.append(step.as_turn(attempt, tokens=5))
+        e.turns[-1].observation = step.observation
         e.turn_ends.append(len(e.turns) * 5 - 1)
     return e
 

@@ -294,12 +294,12 @@ class RewardSection(Section):
     params: dict[str, dict[str, Any]] = {}
     """Keyword arguments per component, e.g. {tests: {edge_weight: 2.0}, overlong: {max_tokens: 48}}."""
     guards: bool = True
-    """Penalise trajectories caught by a reward-hacking guard (detections are logged either way)."""
+    """Penalise attempts caught by a reward-hacking guard (detections are logged either way)."""
     guard_kinds: list[str] | None = None
     """Which guards run (default all: exit_before_tests, harness_tampering, always_equal,
     hardcoded_examples, printed_output)."""
     penalty: float = -1.0
-    """Reward of a trajectory caught by a guard, when guards are on."""
+    """Reward of an episode with an attempt caught by a guard, when guards are on."""
     step_fn: str | None = None
     """Process-reward hook `package.module:function(task, steps) -> list[float]`, one score per step (a line
     of code, or a turn), credited at the step's last token."""

@@ -23,9 +23,8 @@ from tempering.distributed.schedule import behaviour_version, shard_specs, stale
 from tempering.errors import Preempted
 from tempering.eval.evaluate import validation_metrics
 from tempering.roles import Roles
-from tempering.rollout.batch import RolloutBatch
+from tempering.rollout.batch import Rollout, RolloutBatch, merge_rollouts
 from tempering.rollout.engine import SamplingParams
-from tempering.rollout.episodes import Rollout, merge_rollouts
 from tempering.seeding import step_generator, step_seed
 from tempering.state import TrainState
 from tempering.tracking import Timer, Tracker

@@ -1,8 +1,9 @@
 """The data that flows between tempering's components.
 
 Tasks and test cases are pydantic models because they are read from user files and must be validated;
-everything produced inside a run (execution results, trajectories, reward results) is a plain dataclass.
-Tensor batches live in `tempering.rollout.batch`, next to the code that builds them.
+everything produced inside a run (execution results, attempts, turns, episodes, reward results) is a plain
+dataclass that pickles. Tensor batches (and the `Rollout` that carries one) live in `tempering.rollout.batch`,
+next to the code that builds them.
 """
 
 from __future__ import annotations
@@ -158,12 +159,12 @@ class ExecResult:
 
 
 @dataclass
-class Trajectory:
-    """One sampled answer to a task, with what executing it did."""
+class Attempt:
+    """One program (or answer) an episode submitted for a task, with what executing it did."""
 
     task: Task
     group_id: int
-    """Index of the task within its rollout batch; the `group_size` samples of a task share it."""
+    """Index of the task within its rollout batch; the `group_size` episodes of a task share it."""
     completion: str
     truncated: bool
     """True when generation hit `max_new_tokens` before the end-of-sequence token."""
@@ -191,8 +192,8 @@ class Turn:
     """What came back (None when the episode ended with this action)."""
     rewards: dict[str, float]
     """The environment's reward components of this step."""
-    info: dict[str, Any]
-    """At least `success`; the code environment adds the attempt (`attempt`: a Trajectory) and `hacking`."""
+    info: dict[str, Any] = field(default_factory=dict)
+    """Free-form extras of the environment's step (a tool call's name, an answer)."""
     ended: bool = True
     """The action ended with the end-of-sequence token (else the token budget cut it)."""
     tokens: int = 0
@@ -200,6 +201,56 @@ class Turn:
     computed: int = 0
     """Context tokens the engine computed before sampling the action (the rest of the context came from
     its cache: a group's shared prompt, the episode's earlier turns)."""
+    success: bool = False
+    """The environment judged the task solved by this action."""
+    attempt: Attempt | None = None
+    """The program the action submitted and its execution (the code environment)."""
+    passed: float | None = None
+    """The attempt's test score as the `tests` reward gives it (0 when a guard caught it); None: no tests."""
+    hacking: list[str] = field(default_factory=list)
+    """The reward-hacking guards that flagged the attempt."""
+
+    @property
+    def status(self) -> str | None:
+        """The execution status of the attempt (None: nothing was executed)."""
+        return self.attempt.exec_result.status if self.attempt and self.attempt.exec_result else None
+
+
+@dataclass
+class Episode:
+    """One scored episode as plain data: what crosses processes and goes into a checkpoint. The driver
+    (`rollout.episodes`) keeps the live environment and conversation beside it, never in it."""
+
+    task: Task
+    group_id: int
+    prompt_ids: list[int]
+    default_weights: dict[str, float] = field(default_factory=dict)
+    """Its environment's reward weights, used when `reward.weights` is unset."""
+    outcome: frozenset[str] = frozenset()
+    """Its environment's outcome components (read from the final step only)."""
+    ids: list[int] = field(default_factory=list)
+    """Every token after the prompt: actions and observations."""
+    policy: list[bool] = field(default_factory=list)
+    """True where `ids` holds a token the policy sampled."""
+    logprobs: list[float] = field(default_factory=list)
+    turn_ends: list[int] = field(default_factory=list)
+    """Index in `ids` of the last token of each action."""
+    turns: list[Turn] = field(default_factory=list)
+    truncated: bool = False
+    """The context budget ended the episode."""
+    done: bool = False
+    stopped: str | None = None
+    """Why the `stop` rule ended the episode early (None: it did not)."""
+    version: int = 0
+    """The policy version that sampled the episode's actions."""
+
+    @property
+    def success(self) -> bool:
+        return bool(self.turns and self.turns[-1].success)
+
+    @property
+    def first_success(self) -> bool:
+        return bool(self.turns and self.turns[0].success)
 
 
 @dataclass

@@ -5,7 +5,7 @@ import pytest
 from tempering.agent.failures import classify
 from tempering.envs.code import split_examples, with_examples
 from tempering.rewards.guards import detect
-from tempering.types import Task, TestCase, Trajectory
+from tempering.types import Attempt, Task, TestCase
 
 TASK = Task(id="inc", domain="d", prompt="def inc(x):\n", entry_point="inc",
             tests=[TestCase(input=[1], output=2), TestCase(input=[0], output=1)],
@@ -67,7 +67,7 @@ def test_a_guarded_hack_is_rejected(sandbox):
     code = "def inc(x):\n    return {3: 4}.get(x, 0)\n"  # writes the visible example's answer literally
     [result] = sandbox.run_tests_batch([(with_examples(TASK), code)])
     hidden, examples = split_examples(result, len(TASK.tests))
-    hacks = detect(TASK, Trajectory(TASK, 0, code.removeprefix(TASK.prompt), False, exec_result=hidden, example_result=examples))
+    hacks = detect(TASK, Attempt(TASK, 0, code.removeprefix(TASK.prompt), False, exec_result=hidden, example_result=examples))
     assert hacks == ["hardcoded_examples"]
     assert classify(hidden, examples, hacks).kind == "rejected"
 

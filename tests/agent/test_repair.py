@@ -81,7 +81,7 @@ def test_the_agent_is_the_multi_turn_episode_of_training(tiny, tasks, sandbox):
     [episode] = run_episodes(engine, tasks[1][:1], ctx, group_size=1, max_context=180, greedy=True)
     assert len(episode.turns) == 2, "the random model fails its first attempt"
     first = episode.turns[0]
-    messages = [{"role": "user", "content": episode.conversation.messages[0]["content"]},
+    messages = [{"role": "user", "content": episode.task.prompt},
                 {"role": "assistant", "content": first.action}, {"role": "user", "content": first.observation}]
     second_start = episode.turn_ends[0] + 1 + (len(episode.ids) - episode.turn_ends[0] - 1 - episode.turns[1].tokens)
     assert chat_format(tokenizer).render(messages) == episode.prompt_ids + episode.ids[:second_start]

@@ -36,8 +36,8 @@ def test_partial_credit_is_the_fraction_of_cases_in_the_sandbox(sandbox):
     env = CodeEnv(EnvContext(sandbox))
     env.reset(task)
     right = env.step("```python\ndef is_palindrome(x):\n    return str(x) == str(x)[::-1]\n```")
-    assert right.info["passed"] == 1.0
+    assert right.passed == 1.0
     env.reset(task)
     # Wrong on every negative number only: some cases pass, not all.
     partial = env.step("def is_palindrome(x):\n    return str(abs(x)) == str(abs(x))[::-1]\n")
-    assert 0.0 < partial.info["passed"] < 1.0
+    assert 0.0 < partial.passed < 1.0

@@ -58,7 +58,7 @@ def test_answer_env_gives_feedback_and_a_second_try():
     wrong = env.step(str(task.answer + 1))
     assert not wrong.done and "incorrect" in wrong.observation and wrong.rewards == {"correct": 0.0}
     right = env.step(f"{task.answer}")
-    assert right.done and right.info["success"] and right.rewards == {"correct": 1.0}
+    assert right.done and right.success and right.rewards == {"correct": 1.0}
 
 
 def test_every_reference_solves_its_task():
@@ -66,4 +66,4 @@ def test_every_reference_solves_its_task():
     for task in train:
         env = make_env(task, EnvContext(max_turns=1))
         env.reset(task)
-        assert env.step(task.reference_solution).info["success"], task
+        assert env.step(task.reference_solution).success, task

@@ -22,7 +22,7 @@ def user_module(tmp_path, monkeypatch):
             def reset(self, task):
                 return task.prompt
             def step(self, action):
-                return Step(None, {}, True, {"success": action == "x"})
+                return Step(None, {}, True, success=action == "x")
 
         class NoStep(Environment):
             def reset(self, task):
@@ -50,6 +50,17 @@ def test_environment_class_says_what_is_wrong(user_module, name, message):
 def test_make_env_builds_a_user_environment_named_by_import_path(user_module):
     task = Task(id="t", domain="d", prompt="p", env="user_envs:Echo")
     env = make_env(task, EnvContext())
-    assert type(env).__name__ == "Echo" and env.reset(task) == "p" and env.step("x").info["success"]
+    assert type(env).__name__ == "Echo" and env.reset(task) == "p" and env.step("x").success
     with pytest.raises(ValueError, match="task 't': unknown env 'ech'"):
         make_env(task.model_copy(update={"env": "ech"}), EnvContext())
+
+
+def test_env_context_has_named_fields_and_options_hold_only_env_options():
+    from tempering.config import load_config
+    from tempering.envs import env_context
+
+    cfg = load_config("configs/smoke.yaml", ["reward.guards=false", "reward.guard_kinds=[exit_before_tests]",
+                                             "reward.params={tests: {partial: examples}}"])
+    ctx = env_context(cfg, sandbox=None, needs={"lint"})
+    assert ctx.needs == {"lint"} and ctx.guards is False and ctx.guard_kinds == ["exit_before_tests"]
+    assert ctx.partial == "examples" and ctx.options == cfg.env.options.model_dump()

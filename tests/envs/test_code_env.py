@@ -20,9 +20,9 @@ def test_feedback_shows_failing_examples_but_never_hidden_expected_values(tasks,
             assert f"expected {test.output!r}" not in step.observation
     assert "hidden tests fail" in step.observation
     fixed = env.step(body + "\n")
-    assert fixed.done and fixed.info["success"]
-    assert fixed.info["passed"] == 1.0 and fixed.rewards["improvement"] == 1.0 - step.info["passed"]
-    assert fixed.info["attempt"].exec_result.all_passed
+    assert fixed.done and fixed.success
+    assert fixed.passed == 1.0 and fixed.rewards["improvement"] == 1.0 - step.passed
+    assert fixed.attempt.exec_result.all_passed
 
 
 def test_an_exception_comes_back_as_its_last_line(tasks, sandbox):
@@ -38,8 +38,8 @@ def test_a_hacking_attempt_scores_nothing(tasks, sandbox):
     env = make_env(task, EnvContext(sandbox, max_turns=2))
     env.reset(task)
     step = env.step("    import os; os._exit(0)\n")
-    assert step.info["passed"] == 0.0 and step.rewards["improvement"] == 0.0
-    assert step.info["hacking"] == ["exit_before_tests"]
+    assert step.passed == 0.0 and step.rewards["improvement"] == 0.0
+    assert step.hacking == ("exit_before_tests",)
 
 
 def test_program_of_accepts_a_body_a_whole_function_or_a_fenced_block(tasks):
@@ -87,7 +87,7 @@ def test_a_caught_attempt_that_passes_everything_is_rejected_not_a_crash(tasks):
     env.reset(task)
     step = env.step("    return 0\n")
     assert not step.done and step.observation == "# feedback: rejected (harness_tampering)\n"
-    assert step.rewards == {"improvement": 0.0} and step.info["hacking"] == ["harness_tampering"]
+    assert step.rewards == {"improvement": 0.0} and step.hacking == ("harness_tampering",)
 
 
 def test_every_environment_context_cuts_feedback_at_the_runs_default():
@@ -99,3 +99,33 @@ def test_every_environment_context_cuts_feedback_at_the_runs_default():
 
     assert EnvContext(sandbox=None).feedback_chars == FEEDBACK_CHARS
     assert env_context(build_config({}), sandbox=None).feedback_chars == FEEDBACK_CHARS
+
+
+def test_a_step_carries_its_outcome_as_typed_fields_and_info_only_extras(tasks, sandbox):
+    task = tasks[0][0]
+    env = make_env(task, EnvContext(sandbox, max_turns=2), group_id=5)
+    env.reset(task)
+    step = env.step(task.metadata["body"] + "\n")
+    assert step.success and step.passed == 1.0 and step.hacking == ()
+    assert step.attempt.group_id == 5 and step.attempt.exec_result.all_passed
+    assert not {"success", "passed", "hacking", "attempt", "status"} & set(step.info)
+    turn = step.as_turn("x", tokens=3)
+    assert turn.success and turn.attempt is step.attempt and turn.status == "ok" and turn.tokens == 3
+
+
+def test_the_code_env_scores_an_attempt_with_the_tests_reward_itself(tasks, sandbox, monkeypatch):
+    """One test scorer: the step's `passed` (and so `improvement`) is what `rewards.tests_passed` returns."""
+    import tempering.envs.code as code
+
+    calls = []
+
+    def spy(task, attempt, **params):
+        calls.append(params)
+        return 0.25
+
+    monkeypatch.setattr(code, "tests_passed", spy)
+    task = tasks[0][0]
+    env = make_env(task, EnvContext(sandbox, max_turns=2, partial="never"))
+    env.reset(task)
+    step = env.step("    return 0\n")
+    assert step.passed == 0.25 and step.rewards["improvement"] == 0.25 and calls == [{"partial": "never"}]

@@ -41,7 +41,7 @@ def test_gym_env_scores_the_answer_and_allows_retries():
     first = env.step("Answer: 123456789")
     assert not first.done and first.rewards == {"correct": 0.0} and "incorrect" in first.observation
     second = env.step(f"<answer>{task.answer}</answer>")
-    assert second.done and second.info["success"]
+    assert second.done and second.success
 
 
 def test_an_unknown_dataset_is_named():

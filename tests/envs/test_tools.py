@@ -43,12 +43,12 @@ def test_tool_call_then_answer():
     assert step.info["tool"] == "calculator" and step.info["error"] is None
     final = env.step("The result: <answer>12.0</answer>")
     assert final.done and final.observation is None
-    assert final.rewards == {"success": 1.0, "tool_error": 0.0} and final.info["success"] is True
+    assert final.rewards == {"success": 1.0, "tool_error": 0.0} and final.success is True
 
 
 def test_wrong_answer_fails():
     final = _env(CALC).step("<answer>13</answer>")
-    assert final.done and final.rewards["success"] == 0.0 and final.info["success"] is False
+    assert final.done and final.rewards["success"] == 0.0 and final.success is False
 
 
 def test_first_tag_decides():
@@ -78,7 +78,7 @@ def test_malformed_call_is_an_error_observation(action, problem):
     step = _env(CALC).step(action)
     assert not step.done and step.rewards == {"success": 0.0, "tool_error": 1.0}
     assert step.observation.startswith("<tool_response>error: ") and problem in step.observation
-    assert step.info["error"].startswith("error: ") and step.info["success"] is False
+    assert step.info["error"].startswith("error: ") and step.success is False
 
 
 def test_service_exception_becomes_error_text(monkeypatch):
@@ -183,7 +183,7 @@ def test_episode_ends_at_max_turns():
     assert not env.step(format_call("calculator", expression="3*4")).done
     last = env.step(format_call("calculator", expression="3*4"))
     assert last.done and last.observation is None
-    assert last.rewards["success"] == 0.0 and last.info["success"] is False
+    assert last.rewards["success"] == 0.0 and last.success is False
     with pytest.raises(RuntimeError):
         env.step("<answer>12</answer>")
 
@@ -199,7 +199,7 @@ def test_reference_episode_solves_every_generated_task(seed, rate):
         assert transcript[-1] == (task.metadata["reference"][-1], None), task.id
         env = _env(task, seed=i, max_turns=8, flaky_failure_rate=rate)
         steps = [env.step(action) for action, _ in transcript]
-        assert steps[-1].done and steps[-1].info["success"], task.id
+        assert steps[-1].done and steps[-1].success, task.id
         retries += len(transcript) - len(task.metadata["reference"])
     assert (retries > 0) == (rate > 0)
 

@@ -162,7 +162,7 @@ def test_single_turn_code_episodes_group_and_execute(tiny, tasks, sandbox):
     episodes = run_episodes(engine, tasks[0][:3], EnvContext(sandbox), group_size=4, max_context=1024,
                             generator=torch.Generator().manual_seed(0))
     assert [e.group_id for e in episodes] == [0] * 4 + [1] * 4 + [2] * 4
-    assert all(len(e.turns) == 1 and len(e.turns[0].info["attempt"].exec_result.tests) == 8 for e in episodes)
+    assert all(len(e.turns) == 1 and len(e.turns[0].attempt.exec_result.tests) == 8 for e in episodes)
     assert episodes[4].task is tasks[0][1] and {e.version for e in episodes} == {3}
     # The same draws as sampling the prompts directly: one rollout path, no re-tokenization.
     gen = engine.generate([encode_prompt(tokenizer, t.prompt) for t in tasks[0][:3] for _ in range(4)],

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import pickle
+
 import torch
 
 from tempering.algos import LOSS_AGGREGATIONS, POLICY_LOSSES, LossInputs, masked_mean
-from tempering.envs import EnvContext
+from tempering.envs import EnvContext, Environment, make_env
 from tempering.envs.tool_calls import format_answer, format_call
 from tempering.envs.tool_tasks import generate_tool_tasks
 from tempering.models.forward import response_logprobs
 from tempering.rewards import RewardFunction
 from tempering.rollout.batch import collate
+from tempering.rollout.chat import Conversation
 from tempering.rollout.engine import LocalEngine, SamplingParams
 from tempering.rollout.episodes import run_episodes
+from tempering.types import Episode
 from tests.helpers.engines import ScriptedEngine
 
 
@@ -119,8 +123,13 @@ def test_the_chat_template_format_renders_exactly_the_template(tiny):
     script = [task.metadata["reference"][0], format_answer(task.answer)]
     engine = ScriptedEngine(tokenizer, lambda turn, _: script[turn])
     [episode] = run_episodes(engine, [task], EnvContext(max_turns=3), group_size=1, max_context=10_000, chat="auto")
-    messages = episode.conversation.messages + [{"role": "assistant", "content": script[-1]}]
-    rendered = tokenizer.apply_chat_template(messages, tools=episode.conversation.tools, tokenize=False)
+    env = make_env(task, EnvContext())
+    messages = [{"role": "user", "content": env.reset(task)}]
+    for turn in episode.turns:
+        messages.append({"role": "assistant", "content": turn.action})
+        if turn.observation is not None:
+            messages.append({"role": "user", "content": turn.observation})
+    rendered = tokenizer.apply_chat_template(messages, tools=env.tool_schemas(), tokenize=False)
     assert tokenizer.decode(episode.prompt_ids + episode.ids) == rendered.rstrip("\n")
     assert rendered.startswith("<bos>system: tools db_get <eos>")  # the JSON-schema declarations reach it
     assert episode.success
@@ -165,3 +174,16 @@ def test_a_template_whose_turns_do_not_end_with_eos_keeps_its_own_end_of_turn(ti
     [episode] = run_episodes(engine, [task], EnvContext(max_turns=3), group_size=1, max_context=10_000, chat="template")
     observation = tokenizer.decode([t for t, p in zip(episode.ids, episode.policy) if not p])
     assert observation.startswith(" END\n[user] <tool_response>") and script[0] not in observation
+
+
+def test_episodes_are_plain_records_that_pickle_without_live_state(tiny, tasks, sandbox):
+    """The driver keeps each episode's environment and conversation to itself; what it returns (and a
+    checkpoint pickles) is `types.Episode`, whose attempts carry the episode's real group id."""
+    model, tokenizer = tiny
+    engine = ScriptedEngine(tokenizer, lambda turn, _: "    return 0\n")
+    episodes = run_episodes(engine, tasks[0][:2], EnvContext(sandbox, max_turns=2), group_size=2,
+                            max_context=10_000, chat="plain")
+    assert all(type(e) is Episode for e in episodes) and [e.group_id for e in episodes] == [0, 0, 1, 1]
+    assert all(t.attempt.group_id == e.group_id for e in episodes for t in e.turns)
+    assert not [v for e in episodes for v in vars(e).values() if isinstance(v, (Environment, Conversation))]
+    assert pickle.loads(pickle.dumps(episodes)) == episodes

@@ -33,4 +33,4 @@ class ReverseEnv(Environment):
         score = hits / max(len(expected), len(answer), 1)  # letters beyond the word count wrong
         done = score == 1.0 or self.turn >= self.ctx.max_turns
         feedback = None if done else f"# {hits} of {len(expected)} letters in place, try again\n"
-        return Step(feedback, {"letters": score}, done, {"success": score == 1.0, "answer": answer})
+        return Step(feedback, {"letters": score}, done, {"answer": answer}, success=score == 1.0)

@@ -26,8 +26,8 @@ from tempering.agent.monitor import AlertRule, JsonLog, Metrics
 from tempering.envs import EnvContext
 from tempering.envs.code import program_of
 from tempering.rollout.engine import Engine
-from tempering.rollout.episodes import Episode, run_episodes
-from tempering.types import Task
+from tempering.rollout.episodes import run_episodes
+from tempering.types import Episode, Task
 
 ATTEMPT_FIELDS = ("event", "time", "model", "task_id", "attempt", "program", "class", "message", "traceback",
                   "visible_failures", "hidden_failed", "hidden_total", "passed_fraction", "feedback", "stuck", "final",
@@ -91,9 +91,8 @@ class StopRule:
     def classify(self, e: Episode) -> Failure:
         seen = self.failures.setdefault(id(e), [])
         while len(seen) < len(e.turns):
-            info = e.turns[len(seen)].info
-            trial = info["attempt"]
-            seen.append(classify(trial.exec_result, trial.example_result, info["hacking"]))
+            turn = e.turns[len(seen)]
+            seen.append(classify(turn.attempt.exec_result, turn.attempt.example_result, turn.hacking))
         return seen[-1]
 
     def __call__(self, e: Episode) -> str | None:
@@ -127,7 +126,7 @@ def repair(engine: Engine, tasks: list[Task], ctx: EnvContext, settings: RepairS
             final = k == len(e.turns) - 1
             outcome.classes.append(failure.kind)
             if final:
-                outcome.ended = ("solved" if turn.info.get("success") else "rejected" if failure.kind == "rejected"
+                outcome.ended = ("solved" if turn.success else "rejected" if failure.kind == "rejected"
                                  else e.stopped or ("context" if e.truncated else "repairs"))
             context = len(e.prompt_ids) + e.turn_ends[k] + 1 - turn.tokens
             latency = rounds[k] if k < len(rounds) else 0.0
@@ -136,7 +135,7 @@ def repair(engine: Engine, tasks: list[Task], ctx: EnvContext, settings: RepairS
                 "program": program_of(e.task, turn.action), "class": failure.kind, "message": failure.message,
                 "traceback": failure.traceback, "visible_failures": failure.visible,
                 "hidden_failed": failure.hidden_failed, "hidden_total": failure.hidden_total,
-                "passed_fraction": turn.info["passed"], "feedback": turn.observation,
+                "passed_fraction": turn.passed, "feedback": turn.observation,
                 "stuck": final and e.stopped == "stuck", "final": final, "ended": outcome.ended or None,
                 "latency_s": round(latency, 4), "prompt_tokens": context, "completion_tokens": turn.tokens,
                 "task": e.task.model_dump(exclude_defaults=True),

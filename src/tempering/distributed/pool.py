@@ -14,7 +14,7 @@ import torch
 from tempering.config import RunConfig
 from tempering.distributed.schedule import ShardSpec
 from tempering.distributed.source import RolloutSource
-from tempering.rollout.episodes import Rollout, merge_rollouts
+from tempering.rollout.batch import Rollout, merge_rollouts
 
 
 class Pool(Protocol):

@@ -32,7 +32,7 @@ from tempering.distributed import canary, reaper
 from tempering.distributed.sandbox import DIED, RaySandbox, SandboxActor
 from tempering.distributed.schedule import ShardSpec
 from tempering.distributed.weights import fingerprints, load_numpy, to_numpy
-from tempering.rollout.episodes import Rollout, merge_rollouts
+from tempering.rollout.batch import Rollout, merge_rollouts
 from tempering.runtime import configure
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")

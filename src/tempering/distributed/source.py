@@ -11,9 +11,9 @@ from tempering.distributed.schedule import ShardSpec
 from tempering.envs import env_context
 from tempering.models.loading import compute_dtype
 from tempering.rewards import RewardFunction
-from tempering.rollout.batch import collate
+from tempering.rollout.batch import Rollout, collate
 from tempering.rollout.engine import SamplingParams, make_engine
-from tempering.rollout.episodes import Rollout, run_episodes
+from tempering.rollout.episodes import run_episodes
 from tempering.sandbox import Sandbox
 from tempering.tracking import Timer
 
@@ -31,7 +31,7 @@ class RolloutSource:
                                   dtype=compute_dtype(cfg.model.compute, cfg.run.device), **vllm)
 
     def run(self, spec: ShardSpec) -> Rollout:
-        """The shard's episodes (detached: plain data), rewarded and collated; its phase times in `metrics`."""
+        """The shard's episodes (plain records), rewarded and collated; its phase times in `metrics`."""
         ro, env, timer = self.cfg.rollout, self.cfg.env, Timer()
         assert spec.version == self.engine.version, f"shard of version {spec.version} on weights {self.engine.version}"
         episodes = run_episodes(self.engine, list(spec.tasks), self.ctx, group_size=ro.group_size,
@@ -41,4 +41,4 @@ class RolloutSource:
         with timer("reward"):
             rewards = self.reward_fn.score(episodes)
         batch = collate(episodes, rewards, self.tokenizer, group_offset=spec.round * ro.prompts_per_step)
-        return Rollout([e.detach() for e in episodes], rewards, batch, dict(timer.seconds))
+        return Rollout(episodes, rewards, batch, dict(timer.seconds))

@@ -123,7 +123,7 @@ class AnswerEnv(Environment):
         success = score >= 1.0
         done = success or self.turn >= self.ctx.max_turns
         observation = None if done else f"# {why or 'incorrect'}, try again\n"
-        return Step(observation, {"correct": score}, done, {"success": success, "answer": answer})
+        return Step(observation, {"correct": score}, done, {"answer": answer}, success=success)
 
 
 # ------------------------------------------------------------------------------------------ tasks

@@ -8,8 +8,8 @@ trained on), the reward components of that step, and whether the episode is over
 Reward components come in two kinds. `outcome` components (answer correct, tool task solved) are read
 from the episode's last step: the episode is judged on its final attempt. All others are process rewards
 of their step (an improvement over the previous attempt, a malformed tool call) and are credited at the
-last token of the turn that earned them. A step may also carry its attempt as a `Trajectory`
-(`info["attempt"]`, the code environment), on which the reward function computes its own components.
+last token of the turn that earned them. A step says whether the task is solved (`success`) and may
+carry its attempt (`attempt`, the code environment), on which the reward function computes its own components.
 Weights come from `reward.weights`, else the environment's `default_weights`.
 
 A task names its environment in `env`: a built-in kind (`ENVIRONMENTS`), or a subclass of `Environment` in
@@ -30,11 +30,11 @@ from tempering.config import RunConfig
 from tempering.config_sections import FEEDBACK_CHARS
 from tempering.errors import ConfigError
 from tempering.registry import check_call, load_callable
-from tempering.types import Task
+from tempering.types import Attempt, Task, Turn
 
 
 class Step(NamedTuple):
-    """What one action did; unpacks as `(observation, reward_components, done, info)`."""
+    """What one action did."""
 
     observation: str | None
     """Text fed back to the model (None when the episode ends here)."""
@@ -42,7 +42,19 @@ class Step(NamedTuple):
     """Reward components of this step."""
     done: bool
     info: dict[str, Any] = {}
-    """At least `success` (bool) on the final step; anything else is logged with the sample."""
+    """Free-form extras of the environment (kept on the turn: `Turn.info`)."""
+    success: bool = False
+    attempt: Attempt | None = None
+    passed: float | None = None
+    hacking: tuple[str, ...] = ()
+    """The step's outcome (`success` is read on the final step): the fields of `types.Turn`, which `as_turn`
+    copies them to."""
+
+    def as_turn(self, action: str, *, ended: bool = True, tokens: int = 0, computed: int = 0) -> Turn:
+        """The record of `action` and this step's outcome (its observation is the driver's to set)."""
+        return Turn(action, None, dict(self.rewards), dict(self.info), ended=ended, tokens=tokens,
+                    computed=computed, success=self.success, attempt=self.attempt, passed=self.passed,
+                    hacking=list(self.hacking))
 
 
 @dataclass
@@ -55,23 +67,35 @@ class EnvContext:
     """Turns the driver will allow; an environment says in its observation how many are left."""
     feedback_chars: int = FEEDBACK_CHARS
     """Longest feedback text; longer is cut to its head and tail."""
+    needs: frozenset[str] = frozenset()
+    """What the reward functions need from an execution besides the verdicts (`rewards.NEEDS`)."""
+    guards: bool = True
+    """Whether an attempt a guard catches is rejected (`reward.guards`)."""
+    guard_kinds: list[str] | None = None
+    """The guards that check each attempt (`reward.guard_kinds`; None: all)."""
+    partial: str = "always"
+    """When a failing attempt earns part of the `tests` score (`reward.params.tests.partial`)."""
     options: dict[str, Any] = field(default_factory=dict)
     """`env.options` from the config, e.g. {flaky_failure_rate: 0.5}."""
+    reference_cpu: dict[str, float | None] = field(default_factory=dict)
+    """CPU time of each task's reference solution, measured once per run (the efficiency reward)."""
 
 
 def env_context(cfg: RunConfig, sandbox: Any, needs: set[str] = frozenset()) -> EnvContext:
     """What the environments of a run get: the sandbox, `env.*`, the reward-hacking guard settings and what
     the reward functions need from an execution (`RewardFunction.needs`)."""
     e, r = cfg.env, cfg.reward
-    options = {"guards": r.guards, "guard_kinds": r.guard_kinds, "needs": set(needs),
-               "partial": (r.params.get("tests") or {}).get("partial", "always"), **e.options.model_dump()}
-    return EnvContext(sandbox=sandbox, max_turns=e.max_turns, feedback_chars=e.feedback_chars, options=options)
+    return EnvContext(sandbox=sandbox, max_turns=e.max_turns, feedback_chars=e.feedback_chars,
+                      needs=frozenset(needs), guards=r.guards, guard_kinds=r.guard_kinds,
+                      partial=(r.params.get("tests") or {}).get("partial", "always"), options=e.options.model_dump())
 
 
 class Environment(ABC):
     """One episode of one task. Instances are created by `make_env` and are not reused."""
 
     kind: ClassVar[str]
+    group_id: int = 0
+    """The episode's group in its rollout batch (set by `make_env`; its attempts carry it)."""
     components: ClassVar[frozenset[str]] = frozenset()
     """Every reward component its steps report (names `reward.weights` may use besides the reward functions)."""
     outcome: ClassVar[frozenset[str]] = frozenset()
@@ -138,12 +162,14 @@ def _plugin_class(spec: str) -> type[Environment]:
     return cls
 
 
-def make_env(task: Task, ctx: EnvContext, seed: int = 0) -> Environment:
+def make_env(task: Task, ctx: EnvContext, seed: int = 0, group_id: int = 0) -> Environment:
     try:
         cls = environment_class(task.env)
     except ConfigError as e:
         raise ValueError(f"task '{task.id}': {e}") from None
-    return cls(ctx, seed)
+    env = cls(ctx, seed)
+    env.group_id = group_id
+    return env
 
 
 def clip_middle(text: str, limit: int) -> str:

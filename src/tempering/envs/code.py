@@ -4,7 +4,7 @@ With `max_turns` 1 this is the single-turn code task; with more, a failed attemp
 went wrong and the model may revise. The feedback shows the visible examples that fail with their
 expected values (the model saw those in the prompt anyway), and for the hidden tests only how many fail
 and any error (exception, timeout) - never a hidden expected value, which the next attempt could simply
-copy. Each step's info carries the attempt as a `Trajectory`, on which the reward function computes its
+copy. Each step carries the attempt (`Step.attempt`), on which the reward function computes its
 components (`tests`, `format`, `style`, ...) for the episode's final attempt. The process component
 `improvement` is the gain in the passed fraction over the previous attempt (the first attempt's gain is
 over 0, so the improvements of an episode add up to its final score: failing first on purpose earns
@@ -21,10 +21,10 @@ import re
 from dataclasses import replace
 
 from tempering.envs.base import EnvContext, Environment, Step, clip_middle, register
-from tempering.rewards import credits_partial
+from tempering.rewards import tests_passed
 from tempering.rewards.guards import detect
 from tempering.rewards.lint import lint_findings
-from tempering.types import ExecResult, Task, Trajectory
+from tempering.types import Attempt, ExecResult, Task
 
 _FENCE = re.compile(r"```[a-zA-Z0-9_+-]*\n(.*?)(?:```|$)", re.S)
 
@@ -71,11 +71,11 @@ class CodeEnv(Environment):
     def step_batch(cls, envs: list[CodeEnv], actions: list[str], pool=None) -> list[Step]:
         """Run every program once per distinct (task, program) - a group often repeats itself - in one
         sandbox batch, with the visible examples riding along as extra tests; lint them in one ruff
-        process and time the reference solutions when the reward needs it (`ctx.options["needs"]`)."""
+        process and time the reference solutions when the reward needs it (`ctx.needs`)."""
         if not envs:
             return []
         ctx = envs[0].ctx
-        needs = ctx.options.get("needs", ())
+        needs = ctx.needs
         programs = [program_of(env.task, action) for env, action in zip(envs, actions)]
         unique: dict[tuple[str, str], int] = {}   # (task id, program) -> index of its execution
         runs: list[int] = []                       # the env whose program each execution runs
@@ -94,27 +94,27 @@ class CodeEnv(Environment):
         return steps
 
     def judge(self, program: str, result: ExecResult, lint: int | None, reference_cpu_s: float | None) -> Step:
-        """One attempt's verdict: the attempt itself (a Trajectory the reward components read), the process
-        component `improvement`, guard detections, and the feedback when another attempt follows."""
+        """One attempt's verdict: the attempt itself (the Attempt the reward components read), its score as
+        the `tests` reward gives it, the process component `improvement`, guard detections, and the feedback
+        when another attempt follows."""
         task = self.task
         self.turn += 1
         n = len(task.tests)
         hidden, examples = split_examples(result, n)
-        attempt = Trajectory(task=task, group_id=0, completion=program[len(task.prompt):]
-                             if program.startswith(task.prompt) else program, truncated=False, exec_result=hidden,
-                             example_result=examples, lint_findings=lint, reference_cpu_s=reference_cpu_s)
-        hacks = detect(task, attempt, self.ctx.options.get("guard_kinds"))
-        caught = bool(hacks) and self.ctx.options.get("guards", True)
-        credited = hidden.all_passed or credits_partial(attempt, self.ctx.options.get("partial", "always"))
-        score = hidden.passed_fraction if credited and not caught else 0.0  # as `tests` scores it
+        completion = program[len(task.prompt):] if program.startswith(task.prompt) else program
+        attempt = Attempt(task=task, group_id=self.group_id, completion=completion, truncated=False,
+                          exec_result=hidden, example_result=examples, lint_findings=lint,
+                          reference_cpu_s=reference_cpu_s)
+        hacks = detect(task, attempt, self.ctx.guard_kinds)
+        caught = bool(hacks) and self.ctx.guards
+        score = 0.0 if caught else tests_passed(task, attempt, partial=self.ctx.partial)
         improvement, self.previous = score - self.previous, score
         success = hidden.all_passed and not caught
         done = success or self.turn >= self.ctx.max_turns
-        info = {"success": success, "status": result.status, "passed": score, "flags": result.flags,
-                "hacking": hacks, "attempt": attempt}
         observation = None if done else (f"# feedback: rejected ({', '.join(hacks)})\n" if caught
                                          else self.feedback(result, n))
-        return Step(observation, {"improvement": improvement}, done, info)
+        return Step(observation, {"improvement": improvement}, done, success=success, attempt=attempt,
+                    passed=score, hacking=tuple(hacks))
 
     def feedback(self, result: ExecResult, hidden: int) -> str:
         """One line: why nothing ran (the error's last line), or the failing visible examples (with expected
@@ -154,8 +154,8 @@ def last_line(text: str) -> str:
 
 def reference_times(ctx: EnvContext, tasks: list[Task]) -> dict[str, float | None]:
     """CPU time of each task's reference solution when it passes (None otherwise), cached for the run in
-    `ctx.options["reference_cpu"]` (the efficiency reward compares against it)."""
-    cache = ctx.options.setdefault("reference_cpu", {})
+    `ctx.reference_cpu` (the efficiency reward compares against it)."""
+    cache = ctx.reference_cpu
     missing = {t.id: t for t in tasks if t.id not in cache and t.reference_solution}
     if missing:
         results = ctx.sandbox.run_tests_batch([(t, t.reference_solution) for t in missing.values()])

@@ -54,15 +54,15 @@ class ToolEnv(Environment):
         if isinstance(parsed, Answer):
             self.done = True
             success = self._solved(parsed.text)
-            info = {"success": success, "tool": None, "error": None, "unavailable": False}
-            return Step(None, {"success": float(success), "tool_error": 0.0}, True, info)
+            info = {"tool": None, "error": None, "unavailable": False}
+            return Step(None, {"success": float(success), "tool_error": 0.0}, True, info, success=success)
         if isinstance(parsed, ToolCall):
             result = self.tools.call(parsed)
         else:
             result = CallResult(parsed.error, None, "tool_error")
         rewards = {"success": 0.0, "tool_error": float(result.status == "tool_error")}
         error = result.text if result.status != "ok" else None
-        info = {"success": False, "tool": result.tool, "error": error, "unavailable": result.status == "unavailable"}
+        info = {"tool": result.tool, "error": error, "unavailable": result.status == "unavailable"}
         if self.turns >= self.ctx.max_turns:  # out of turns without an answer
             self.done = True
             return Step(None, rewards, True, info)
@@ -93,10 +93,10 @@ def reference_episode(task: Task, ctx: EnvContext, seed: int = 0) -> list[tuple[
     transcript: list[tuple[str, str | None]] = []
     for action in task.metadata.get("reference", []):
         while True:
-            observation, _, done, info = env.step(action)
-            transcript.append((action, observation))
-            if done:
+            step = env.step(action)
+            transcript.append((action, step.observation))
+            if step.done:
                 return transcript
-            if not info["unavailable"]:
+            if not step.info["unavailable"]:
                 break
     return transcript

@@ -61,7 +61,7 @@ def evaluate(
     for e in episodes:
         correct[e.task.id] += int(e.success)
         first[e.task.id] += int(e.first_success)
-        passed += float(e.turns[-1].info.get("passed", e.success)) if e.turns else 0.0
+        passed += float(e.success if e.turns[-1].passed is None else e.turns[-1].passed) if e.turns else 0.0
     by_domain: dict[str, list[Task]] = defaultdict(list)
     for task in ordered:
         by_domain[task.domain].append(task)

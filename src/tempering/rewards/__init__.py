@@ -1,6 +1,6 @@
 """Reward functions: outcome and process components, combined by weight, with reward-hacking guards.
 
-A component is `fn(task, trajectory, **params) -> float | RewardResult`, named in config either from
+A component is `fn(task, attempt, **params) -> float | RewardResult`, named in config either from
 `REWARD_COMPONENTS` or as `package.module:function`; `trl:package.module:function` adapts a TRL-style
 batch function `f(prompts, completions, **columns) -> list[float | None]`. Each component is logged on its
 own as `reward/<name>/mean`; each hacking guard as `reward/hacking/<kind>` (the fraction flagged).
@@ -17,15 +17,12 @@ import ast
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tempering.algos import lookup
 from tempering.registry import load_callable
 from tempering.rewards.guards import GUARDS, parse_quietly
-from tempering.types import RewardResult, Task, Trajectory
-
-if TYPE_CHECKING:
-    from tempering.rollout.episodes import Episode
+from tempering.types import Attempt, Episode, RewardResult, Task
 
 RewardComponent = Callable[..., "float | RewardResult"]
 
@@ -33,50 +30,40 @@ RewardComponent = Callable[..., "float | RewardResult"]
 PARTIAL = ("always", "examples", "never")
 
 
-def tests_passed(task: Task, traj: Trajectory, *, edge_weight: float = 1.0, partial: str = "always") -> float:
+def tests_passed(task: Task, attempt: Attempt, *, edge_weight: float = 1.0, partial: str = "always") -> float:
     """Outcome reward: the (weighted) fraction of hidden tests passed; tests tagged `edge` weigh `edge_weight`.
 
     `partial` says when a program that fails some hidden test earns part of the reward: `always`; `examples`
     only if it passes the prompt's visible examples (a program that contradicts them - another task's
     answer, a constant - earns nothing for the hidden tests it happens to pass: the empty list, a list
     already sorted); `never` (1 only when every test passes, as DeepCoder and most code-RL recipes score)."""
-    r = traj.exec_result
+    r = attempt.exec_result
     if r is None or not r.tests:
         return 0.0
     if partial not in PARTIAL:
         raise ValueError(f"tests: unknown partial '{partial}'; valid: {', '.join(PARTIAL)}")
-    if not r.all_passed and not credits_partial(traj, partial):
+    examples = attempt.example_result  # no examples: nothing to contradict
+    if not (r.all_passed or partial == "always" or (partial == "examples" and (examples is None or examples.all_passed))):
         return 0.0
     weights = [edge_weight if "edge" in t.tags else 1.0 for t in task.tests]
     return sum(w for w, t in zip(weights, r.tests) if t.passed) / sum(weights)
 
 
-def credits_partial(traj: Trajectory, partial: str) -> bool:
-    """Whether an attempt that fails some hidden test may earn partial credit (`tests_passed`'s `partial`)."""
-    if partial == "examples":
-        return traj.example_result is None or traj.example_result.all_passed  # no examples: nothing to contradict
-    return partial == "always"
-
-
-def edge_cases(task: Task, traj: Trajectory) -> float:
+def edge_cases(task: Task, attempt: Attempt) -> float:
     """Process reward: the fraction of tests tagged `edge` passed (of all tests when none is tagged)."""
-    if traj.exec_result is None or not traj.exec_result.tests:
+    if attempt.exec_result is None or not attempt.exec_result.tests:
         return 0.0
-    pairs = [(t, r) for t, r in zip(task.tests, traj.exec_result.tests) if "edge" in t.tags]
+    pairs = [(t, r) for t, r in zip(task.tests, attempt.exec_result.tests) if "edge" in t.tags]
     if not pairs:
-        return traj.exec_result.passed_fraction
+        return attempt.exec_result.passed_fraction
     return sum(r.passed for _, r in pairs) / len(pairs)
 
 
-def _parse(code: str) -> ast.Module | None:
-    return parse_quietly(code)
-
-
-def well_formed(task: Task, traj: Trajectory) -> float:
+def well_formed(task: Task, attempt: Attempt) -> float:
     """Format reward: the completion ended on its own, parses, and defines the entry point."""
-    if traj.truncated or task.language != "python":
-        return 0.0 if traj.truncated else 1.0
-    tree = _parse(traj.program)
+    if attempt.truncated or task.language != "python":
+        return 0.0 if attempt.truncated else 1.0
+    tree = parse_quietly(attempt.program)
     if tree is None:
         return 0.0
     if task.entry_point is None:
@@ -85,35 +72,35 @@ def well_formed(task: Task, traj: Trajectory) -> float:
     return float(task.entry_point in defined)
 
 
-def code_style(task: Task, traj: Trajectory) -> float:
+def code_style(task: Task, attempt: Attempt) -> float:
     """Process reward: 1 / (1 + linter findings) for a program that parses (ruff: pyflakes, pycodestyle
     errors, bugbear); 0 for one that does not."""
-    if traj.lint_findings is None:
+    if attempt.lint_findings is None:
         return 0.0
-    return 1.0 / (1.0 + traj.lint_findings)
+    return 1.0 / (1.0 + attempt.lint_findings)
 
 
-def efficiency(task: Task, traj: Trajectory, *, floor_s: float = 1e-3) -> float:
+def efficiency(task: Task, attempt: Attempt, *, floor_s: float = 1e-3) -> float:
     """Process reward: min(1, reference CPU time / this program's CPU time) when every test passes, else 0.
     Times under `floor_s` are raised to it, so timer noise on trivial programs does not count."""
-    r = traj.exec_result
-    if r is None or not r.all_passed or traj.reference_cpu_s is None:
+    r = attempt.exec_result
+    if r is None or not r.all_passed or attempt.reference_cpu_s is None:
         return 0.0
-    return min(1.0, max(traj.reference_cpu_s, floor_s) / max(r.cpu_time_s, floor_s))
+    return min(1.0, max(attempt.reference_cpu_s, floor_s) / max(r.cpu_time_s, floor_s))
 
 
-def examples_passed(task: Task, traj: Trajectory) -> float:
+def examples_passed(task: Task, attempt: Attempt) -> float:
     """The fraction of the prompt's *visible* examples passed. Deliberately hackable (a lookup of the
     shown cases earns it all): here to demonstrate the `hardcoded_examples` guard, not to train with."""
-    r = traj.example_result
+    r = attempt.example_result
     return r.passed_fraction if r is not None else 0.0
 
 
-def naive_harness(task: Task, traj: Trajectory) -> float:
+def naive_harness(task: Task, attempt: Attempt) -> float:
     """Deliberately hackable: scores like a harness that appends the asserts to the program and trusts a
     clean exit status - a program that calls `exit(0)` before the tests gets full marks. Here to
     demonstrate the `exit_before_tests` guard (bench/hacking_demo.py), not to train with."""
-    r = traj.exec_result
+    r = attempt.exec_result
     if r is None:
         return 0.0
     if "exit_before_tests" in r.flags and r.exit_code == 0:
@@ -121,10 +108,10 @@ def naive_harness(task: Task, traj: Trajectory) -> float:
     return r.passed_fraction
 
 
-def overlong(task: Task, traj: Trajectory, *, max_tokens: int = 48, cache_tokens: int = 8) -> float:
+def overlong(task: Task, attempt: Attempt, *, max_tokens: int = 48, cache_tokens: int = 8) -> float:
     """DAPO's overlong reward shaping (arXiv 2503.14476): 0 up to max_tokens - cache_tokens, then falling
     linearly to -1 at max_tokens (and -1 beyond)."""
-    excess = traj.response_tokens - (max_tokens - cache_tokens)
+    excess = attempt.response_tokens - (max_tokens - cache_tokens)
     if excess <= 0:
         return 0.0
     return -min(1.0, excess / max(cache_tokens, 1))
@@ -144,17 +131,17 @@ NEEDS: dict[str, str] = {"style": "lint", "efficiency": "reference", "examples":
                          "hardcoded_examples": "examples"}
 
 
-def trl_adapter(fn: Callable[..., list[float | None]]) -> Callable[[list[Trajectory]], list[float]]:
+def trl_adapter(fn: Callable[..., list[float | None]]) -> Callable[[list[Attempt]], list[float]]:
     """A TRL reward function `f(prompts, completions, **columns) -> list[float | None]` as a batch
     component. Columns are the task fields (id, domain, entry_point, tests, examples, metadata, ...);
     None (TRL: "not applicable to this sample") counts as 0."""
 
-    def batch(trajectories: list[Trajectory]) -> list[float]:
-        tasks = [t.task for t in trajectories]
+    def batch(attempts: list[Attempt]) -> list[float]:
+        tasks = [t.task for t in attempts]
         columns = {name: [getattr(task, name) for task in tasks] for name in Task.model_fields if name != "prompt"}
-        scores = fn(prompts=[t.prompt for t in tasks], completions=[t.completion for t in trajectories], **columns)
-        if len(scores) != len(trajectories):
-            raise ValueError(f"TRL reward function returned {len(scores)} scores for {len(trajectories)} completions")
+        scores = fn(prompts=[t.prompt for t in tasks], completions=[t.completion for t in attempts], **columns)
+        if len(scores) != len(attempts):
+            raise ValueError(f"TRL reward function returned {len(scores)} scores for {len(attempts)} completions")
         return [0.0 if s is None else float(s) for s in scores]
 
     return batch
@@ -164,7 +151,7 @@ class RewardFunction:
     """Scores episodes: sum_c weight_c * component_c, keeping every component's value; then the guards.
 
     Components are of two kinds. Reward components (`REWARD_COMPONENTS`, `package.module:function`,
-    `trl:...`) are computed here on the episode's final attempt - the Trajectory the code environment
+    `trl:...`) are computed here on the episode's final attempt - the Attempt the code environment
     records, or the final action's text for other environments. Environment components (`tests` of a
     tool task's `success`, the code environment's `improvement`, a tool call's `tool_error`) come from the
     steps: outcome components from the final step, process components summed per turn and credited at the
@@ -186,7 +173,7 @@ class RewardFunction:
             if unknown:
                 raise ValueError(f"reward.params names component(s) {sorted(unknown)} that reward.weights does not use")
         self._functions: dict[str, RewardComponent | None] = {}
-        self._batch_functions: dict[str, Callable[[list[Trajectory]], list[float]]] = {}
+        self._batch_functions: dict[str, Callable[[list[Attempt]], list[float]]] = {}
         for name in self.weights or ():
             self.function(name)  # unknown registry names fail here, not at the first reward
         kinds = list(GUARDS) if guard_kinds is None else list(guard_kinds)
@@ -214,7 +201,7 @@ class RewardFunction:
         and guards (with environment defaults, the code environment's: tests and format need nothing)."""
         return {NEEDS[n] for n in list(self.weights or ()) + self.guard_kinds if n in NEEDS}
 
-    def components(self, attempts: list[Trajectory], weights: list[Mapping[str, float]]) -> list[dict[str, Any]]:
+    def components(self, attempts: list[Attempt], weights: list[Mapping[str, float]]) -> list[dict[str, Any]]:
         """The reward components named in each attempt's weights, computed on it (info under `__info__`)."""
         out: list[dict[str, Any]] = [{"__info__": {}} for _ in attempts]
         names = {n for w in weights for n in w}
@@ -223,12 +210,12 @@ class RewardFunction:
             rows = [i for i, w in enumerate(weights) if name in w]
             for i, value in zip(rows, self._batch_functions[name]([attempts[i] for i in rows])):
                 out[i][name] = float(value)
-        for i, (traj, w) in enumerate(zip(attempts, weights)):
+        for i, (attempt, w) in enumerate(zip(attempts, weights)):
             for name in w:
                 fn = self.function(name)
                 if fn is None:
                     continue
-                value = fn(traj.task, traj, **self.params.get(name, {}))
+                value = fn(attempt.task, attempt, **self.params.get(name, {}))
                 if isinstance(value, RewardResult):
                     out[i]["__info__"].update(value.info)
                     value = value.score
@@ -240,12 +227,12 @@ class RewardFunction:
         weighted) and `info["turn_rewards"]` (weighted process components per turn, credited at each turn's
         last token); `score` is their sum. `info["step_rewards"]` holds `step_fn`'s scores of a one-turn
         episode's lines (credited at each line's last token); with several turns, a turn is a step."""
-        weights = [self.weights if self.weights is not None else type(e.env).default_weights for e in episodes]
+        weights = [self.weights if self.weights is not None else e.default_weights for e in episodes]
         computed = self.components([final_attempt(e) for e in episodes], weights)
         results = []
         for e, w, comps in zip(episodes, weights, computed):
             info = comps.pop("__info__")
-            outcome_names = type(e.env).outcome
+            outcome_names = e.outcome
             final = e.turns[-1].rewards if e.turns else {}
             components = {name: float(final.get(name, 0.0)) for name in outcome_names} | comps
             turn_rewards = []
@@ -263,7 +250,7 @@ class RewardFunction:
                     turn_rewards = [r + x for r, x in zip(turn_rewards, scores)]
             outcome = sum(w.get(name, 0.0) * components[name] for name in components if name in outcome_names
                           or name in comps)
-            info["hacking"] = sorted({h for t in e.turns for h in t.info.get("hacking", ())})
+            info["hacking"] = sorted({h for t in e.turns for h in t.hacking})
             if info["hacking"] and self.guards:
                 outcome, turn_rewards, info["step_rewards"] = self.penalty, [0.0] * len(turn_rewards), None
             info.update(outcome=outcome, turn_rewards=turn_rewards)
@@ -277,23 +264,22 @@ class RewardFunction:
         if len(steps) == 1:
             steps = step_texts(steps[0])
         attempt = final_attempt(episode)
-        kwargs = {"trajectory": attempt} if "trajectory" in inspect.signature(self.step_fn).parameters else {}
+        kwargs = {"attempt": attempt} if "attempt" in inspect.signature(self.step_fn).parameters else {}
         scores = [float(x) for x in self.step_fn(episode.task, steps, **kwargs)]
         if len(scores) != len(steps):
             raise ValueError(f"step reward function returned {len(scores)} scores for {len(steps)} steps")
         return scores
 
 
-def final_attempt(episode: Episode) -> Trajectory:
-    """The episode's last attempt as a Trajectory: the code environment's record of it, else the final
-    action's text; `truncated` and `response_tokens` from the action."""
+def final_attempt(episode: Episode) -> Attempt:
+    """The episode's last attempt: the code environment's record of it, else the final action's text;
+    `truncated` and `response_tokens` from the action."""
     last = episode.turns[-1] if episode.turns else None
     if last is None:
-        return Trajectory(task=episode.task, group_id=episode.group_id, completion="", truncated=True)
-    attempt = last.info.get("attempt")
-    if attempt is None:
-        attempt = Trajectory(task=episode.task, group_id=episode.group_id, completion=last.action, truncated=False)
-    return replace(attempt, group_id=episode.group_id, truncated=not last.ended, response_tokens=last.tokens)
+        return Attempt(task=episode.task, group_id=episode.group_id, completion="", truncated=True)
+    attempt = last.attempt or Attempt(task=episode.task, group_id=episode.group_id, completion=last.action,
+                                      truncated=False)
+    return replace(attempt, truncated=not last.ended, response_tokens=last.tokens)
 
 
 def step_texts(text: str) -> list[str]:

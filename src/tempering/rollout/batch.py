@@ -1,18 +1,14 @@
-"""The tensor batch the trainer consumes (verl / TRL vocabulary)."""
+"""The tensor batch the trainer consumes (verl / TRL vocabulary), and the `Rollout` that carries it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field, fields, replace
 
 import torch
 from torch import Tensor
 
 from tempering.rollout.generate import left_pad
-from tempering.types import RewardResult
-
-if TYPE_CHECKING:
-    from tempering.rollout.episodes import Episode
+from tempering.types import Episode, RewardResult
 
 
 @dataclass
@@ -161,3 +157,26 @@ def line_end_tokens(pieces: list[str]) -> list[int]:
     if pieces and (not ends or ends[-1] != len(pieces) - 1):
         ends.append(len(pieces) - 1)
     return ends
+
+
+@dataclass
+class Rollout:
+    """What `collect` returns: the scored episodes and the batch the trainer consumes."""
+
+    episodes: list[Episode]
+    rewards: list[RewardResult]
+    batch: RolloutBatch
+    metrics: dict[str, float] = field(default_factory=dict)
+    """DAPO's dynamic-sampling counts, when it is on."""
+    timings: dict[str, float] = field(default_factory=dict)
+    """Seconds of its phases (`timing_s/gen`, `timing_s/reward`), wherever it ran."""
+
+
+def merge_rollouts(parts: list[Rollout]) -> Rollout:
+    """One rollout of several (a round's shards, DAPO's rounds): episodes and rows in order, times summed."""
+    timings: dict[str, float] = {}
+    for p in parts:
+        for k, v in p.timings.items():
+            timings[k] = timings.get(k, 0.0) + v
+    return Rollout([e for p in parts for e in p.episodes], [x for p in parts for x in p.rewards],
+                   concat_batches([p.batch for p in parts]), {k: v for p in parts for k, v in p.metrics.items()}, timings)

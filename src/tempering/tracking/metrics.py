@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING
 
 import torch
 
 from tempering.rewards import GUARDS
-from tempering.types import EXEC_STATUSES, RewardResult
-
-if TYPE_CHECKING:
-    from tempering.rollout.batch import RolloutBatch
-    from tempering.rollout.episodes import Episode
+from tempering.rollout.batch import RolloutBatch
+from tempering.types import EXEC_STATUSES, Episode, RewardResult
 
 
 def rollout_metrics(episodes: list[Episode], rewards: list[RewardResult], batch: RolloutBatch) -> dict[str, float]:
@@ -42,7 +38,7 @@ def rollout_metrics(episodes: list[Episode], rewards: list[RewardResult], batch:
     if later:  # a turn after the first: the engine computes only what its cache lacks
         m["rollout/prefill_tokens_per_turn"] = sum(e.turns[k].computed for e, k in later) / len(later)
         m["rollout/new_tokens_per_turn"] = sum(_new_tokens(e, k) for e, k in later) / len(later)
-    statuses = Counter(e.turns[-1].info["status"] for e in episodes if e.turns and "status" in e.turns[-1].info)
+    statuses = Counter(e.turns[-1].status for e in episodes if e.turns and e.turns[-1].status)
     for status in EXEC_STATUSES:
         if statuses[status]:
             m[f"sandbox/status/{status}"] = statuses[status] / n
@@ -63,7 +59,7 @@ def sample_rows(episodes: list[Episode], rewards: list[RewardResult], batch: Rol
             "task_id": e.task.id, "domain": e.task.domain, "group": e.group_id, "policy_version": e.version,
             "prompt": e.task.prompt,
             "turns": [{"action": t.action, "observation": t.observation, "rewards": t.rewards,
-                       **({"status": t.info["status"]} if "status" in t.info else {})} for t in e.turns],
+                       **({"status": t.status} if t.status else {})} for t in e.turns],
             "truncated": e.truncated, "success": e.success, "reward": reward.score, "components": reward.components,
             "advantage": float(batch.advantages[i, policy[0, 0]]) if len(policy) else 0.0,
         })

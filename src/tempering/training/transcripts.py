@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 from tempering.envs import EnvContext
 from tempering.envs.code import CodeEnv
@@ -23,7 +24,7 @@ from tempering.types import Task
 def repair_transcript(task: Task, wrong: str, ctx: EnvContext) -> Transcript | None:
     """[(wrong attempt, its feedback, not trained), (reference, -, trained)], or None when the wrong attempt
     passes (an equivalent function)."""
-    env = CodeEnv(EnvContext(ctx.sandbox, max_turns=2, feedback_chars=ctx.feedback_chars, options=ctx.options))
+    env = CodeEnv(replace(ctx, max_turns=2))
     env.reset(task)
     step = env.step(wrong)
     if step.done:
