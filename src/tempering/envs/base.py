@@ -81,7 +81,7 @@ class EnvContext:
     """CPU time of each task's reference solution, measured once per run (the efficiency reward)."""
 
 
-def env_context(cfg: RunConfig, sandbox: Any, needs: set[str] = frozenset()) -> EnvContext:
+def env_context(cfg: RunConfig, sandbox: Any, needs: set[str] | frozenset[str] = frozenset()) -> EnvContext:
     """What the environments of a run get: the sandbox, `env.*`, the reward-hacking guard settings and what
     the reward functions need from an execution (`RewardFunction.needs`)."""
     e, r = cfg.env, cfg.reward
