@@ -91,7 +91,7 @@ $(VLLM_STAMP): pyproject.toml Makefile data-packages.txt
 	@touch $@
 
 test-vllm: $(VLLM_STAMP)
-	VLLM_CPU_OMP_THREADS_BIND=0-1 $(VLLM_VENV)/bin/pytest -q -m vllm tests/rollout/test_vllm.py
+	VLLM_CPU_OMP_THREADS_BIND=0-1 $(VLLM_VENV)/bin/pytest -q -m vllm tests/inference/test_vllm.py
 
 clean:
 	rm -rf runs .pytest_cache

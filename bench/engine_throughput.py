@@ -25,9 +25,9 @@ import torch
 
 from tempering.checkpoint import resolve_model
 from tempering.data.benchmarks import humaneval_tasks
+from tempering.inference.chat import chat_format
+from tempering.inference.engine import LocalEngine, SamplingParams, make_engine
 from tempering.models.loading import load_model, load_tokenizer
-from tempering.rollout.chat import chat_format
-from tempering.rollout.engine import LocalEngine, SamplingParams, make_engine
 
 VLLM_ARM = r"""
 import json, sys, time

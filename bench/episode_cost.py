@@ -19,10 +19,10 @@ import torch
 from tempering.algos import ADVANTAGE_ESTIMATORS, POLICY_LOSSES, AdvantageInputs
 from tempering.data import generate_tasks, load_tasks
 from tempering.envs import EnvContext
+from tempering.inference.engine import LocalEngine, SamplingParams
 from tempering.models.loading import load_model, load_tokenizer
 from tempering.rewards import RewardFunction
 from tempering.rollout.batch import collate
-from tempering.rollout.engine import LocalEngine, SamplingParams
 from tempering.rollout.episodes import run_episodes
 from tempering.sandbox import LocalSandbox
 from tempering.training.optim import make_optimizer

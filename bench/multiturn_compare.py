@@ -33,8 +33,8 @@ def cross_eval(models: dict[str, Path], heldout: Path, samples: int) -> dict[str
     from tempering.data import load_tasks
     from tempering.envs import EnvContext
     from tempering.eval.evaluate import evaluate
+    from tempering.inference.engine import SamplingParams, make_engine
     from tempering.models.loading import load_model, load_tokenizer
-    from tempering.rollout.engine import SamplingParams, make_engine
     from tempering.workspace import make_sandbox
 
     cfg = load_config(ROOT / CONFIG)

@@ -6,9 +6,9 @@ import torch
 
 from tempering.config import load_config
 from tempering.errors import ConfigError
+from tempering.inference.engine import LocalEngine, SamplingParams
 from tempering.models.loading import resolve_device
 from tempering.rollout.batch import RolloutBatch
-from tempering.rollout.engine import LocalEngine, SamplingParams
 from tests.helpers.runs import tempering
 
 

@@ -7,9 +7,9 @@ import json
 import pytest
 import torch
 
+from tempering.inference.engine import LocalEngine, SamplingParams
 from tempering.models.forward import distinct_rows, response_logprobs
 from tempering.rollout.batch import RolloutBatch
-from tempering.rollout.engine import LocalEngine, SamplingParams
 from tempering.training.update import UpdateSettings, update_policy
 from tests.helpers.runs import kill_after_checkpoint, metrics, stable, tempering
 

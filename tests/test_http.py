@@ -11,8 +11,8 @@ import pytest
 
 from tempering.errors import TemperingError
 from tempering.http import RetryingClient, Unreachable
+from tempering.inference.engine import SamplingParams, make_engine
 from tempering.models.loading import load_tokenizer
-from tempering.rollout.engine import SamplingParams, make_engine
 from tests.helpers.servers import free_port
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "tempering"
@@ -76,7 +76,7 @@ def test_the_retrying_client_says_why_no_answer_came():
 
 def test_the_services_serve_and_the_http_engine_share_one_http_module():
     """Token, loopback check, admission, guard and retrying client live in `tempering/http.py` only."""
-    users = ["sandbox/service.py", "sandbox/app.py", "agent/server.py", "agent/commands.py", "rollout/remote.py"]
+    users = ["sandbox/service.py", "sandbox/app.py", "agent/server.py", "agent/commands.py", "inference/remote.py"]
     for rel in users:
         tree = ast.parse((SRC / rel).read_text())
         imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}

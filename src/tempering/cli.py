@@ -92,7 +92,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from tempering.data import load_tasks
     from tempering.envs import EnvContext
     from tempering.eval.evaluate import evaluate
-    from tempering.rollout.engine import SamplingParams, open_model
+    from tempering.inference.engine import SamplingParams, open_model
     from tempering.runtime import configure
     from tempering.sandbox import open_sandbox
 

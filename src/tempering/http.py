@@ -7,7 +7,7 @@
     RetryingClient   an httpx client that retries a failed connection and 429 / 502-504 with backoff
 
 The servers (`sandbox/app.py`, `agent/server.py`) put `Guard` in front and admit work through `Admission`;
-the clients (`sandbox.service.RemoteSandbox`, `rollout.remote.HTTPEngine`) send through `RetryingClient`
+the clients (`sandbox.service.RemoteSandbox`, `inference.remote.HTTPEngine`) send through `RetryingClient`
 and word the errors for what they reach.
 """
 

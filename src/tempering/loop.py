@@ -22,9 +22,9 @@ from tempering.config import RunConfig
 from tempering.distributed.schedule import behaviour_version, shard_specs, staleness_metrics
 from tempering.errors import Preempted
 from tempering.eval.evaluate import validation_metrics
+from tempering.inference.engine import SamplingParams
 from tempering.roles import Roles
 from tempering.rollout.batch import Rollout, RolloutBatch, merge_rollouts
-from tempering.rollout.engine import SamplingParams
 from tempering.seeding import step_generator, step_seed
 from tempering.state import TrainState
 from tempering.tracking import Timer, Tracker

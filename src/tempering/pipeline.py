@@ -30,6 +30,8 @@ from tempering.envs import env_context, make_env
 from tempering.envs.tools import tool_declarations
 from tempering.errors import CheckpointError, ConfigError, DiskFullError
 from tempering.eval.evaluate import evaluate
+from tempering.inference.chat import chat_format
+from tempering.inference.engine import SamplingParams, open_model
 from tempering.loop import RLTrainer
 from tempering.models.loading import (
     build_tiny_model,
@@ -44,8 +46,6 @@ from tempering.models.lora import is_adapter_dir
 from tempering.models.registry import prepare as prepare_model
 from tempering.models.tokenizer import train_tokenizer
 from tempering.roles import build_roles
-from tempering.rollout.chat import chat_format
-from tempering.rollout.engine import SamplingParams, open_model
 from tempering.runtime import configure
 from tempering.sandbox import Sandbox
 from tempering.state import TrainState

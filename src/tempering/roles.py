@@ -15,8 +15,8 @@ from tempering.config import RunConfig
 from tempering.distributed.canary import Probe
 from tempering.distributed.pool import Pool, make_pool
 from tempering.distributed.source import RolloutSource
-from tempering.rollout.chat import chat_format
-from tempering.rollout.engine import Engine, make_engine
+from tempering.inference.chat import chat_format
+from tempering.inference.engine import Engine, make_engine
 from tempering.sandbox import Sandbox
 from tempering.seeding import step_seed
 from tempering.state import TrainState

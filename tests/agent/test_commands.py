@@ -109,7 +109,7 @@ def test_an_api_key_never_goes_over_plain_http_to_another_host(monkeypatch, tmp_
     import pytest
 
     from tempering.errors import TemperingError
-    from tempering.rollout.engine import make_engine
+    from tempering.inference.engine import make_engine
 
     monkeypatch.setenv("OPENAI_API_KEY", "sk-" + "x" * 30)
     with pytest.raises(TemperingError, match=r"refusing to send the API key \(\$OPENAI_API_KEY\) in plain text to "

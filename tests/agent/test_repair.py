@@ -8,8 +8,8 @@ from tempering.agent.monitor import AlertRule, JsonLog, Metrics
 from tempering.agent.repair import ATTEMPT_FIELDS, RepairSettings, repair
 from tempering.envs import EnvContext
 from tempering.envs.code import program_of
-from tempering.rollout.chat import chat_format
-from tempering.rollout.engine import LocalEngine, SamplingParams
+from tempering.inference.chat import chat_format
+from tempering.inference.engine import LocalEngine, SamplingParams
 from tempering.rollout.episodes import run_episodes
 from tempering.types import Task, TestCase
 from tests.helpers.repair import Scripted

@@ -17,8 +17,8 @@ from tempering.agent.repair import RepairSettings, repair
 from tempering.cli import main as cli
 from tempering.envs import EnvContext
 from tempering.errors import TemperingError
+from tempering.inference.engine import SamplingParams, make_engine
 from tempering.models.loading import load_model, load_tokenizer
-from tempering.rollout.engine import SamplingParams, make_engine
 from tests.helpers.servers import free_port, start, stop
 
 KEY = "k" * 24
@@ -177,7 +177,7 @@ class Echo:
         self.tokenizer, self.stop_ids, self.started, self.closed = tokenizer, (tokenizer.eos_token_id,), 0, 0
 
     def submit(self, request):
-        from tempering.rollout.protocol import Completion, Handle
+        from tempering.inference.protocol import Completion, Handle
 
         handle = Handle(request)
         ids = [*request.prompt[-3:], self.stop_ids[0]]
@@ -198,7 +198,7 @@ def test_serve_takes_any_engine_of_the_request_protocol(tiny_model_dir):
 
     from tempering.agent.backends import LocalModel
     from tempering.agent.server import create_app
-    from tempering.rollout.chat import chat_format
+    from tempering.inference.chat import chat_format
 
     tokenizer = load_tokenizer(tiny_model_dir)
     engine = Echo(tokenizer)
@@ -245,7 +245,7 @@ def test_stop_strings_cut_the_text_also_while_streaming(client):
 def test_logprobs_are_the_models_own_with_the_top_alternatives(client, tiny_model_dir):
     import torch
 
-    from tempering.rollout.chat import chat_format
+    from tempering.inference.chat import chat_format
 
     messages = [{"role": "user", "content": "def sub(a, b):\n"}]
     out = client.chat.completions.create(model="tiny", messages=messages, max_tokens=8, temperature=0,

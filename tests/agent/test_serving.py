@@ -6,8 +6,8 @@ import random
 import pytest
 
 from tempering.agent.serving import Job, StopScan, token_bytes
+from tempering.inference.protocol import Completion, Handle
 from tempering.models.loading import load_tokenizer
-from tempering.rollout.protocol import Completion, Handle
 
 
 class Engine:

@@ -2,7 +2,7 @@ import torch
 
 from tempering.envs import EnvContext
 from tempering.eval.evaluate import evaluate
-from tempering.rollout.engine import LocalEngine, SamplingParams
+from tempering.inference.engine import LocalEngine, SamplingParams
 from tests.helpers.engines import ScriptedEngine
 
 

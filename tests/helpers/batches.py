@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 
 from tempering.algos import AdvantageInputs, grpo
+from tempering.inference.engine import LocalEngine, SamplingParams
+from tempering.inference.generation import encode_prompt
 from tempering.rollout.batch import RolloutBatch
-from tempering.rollout.engine import LocalEngine, SamplingParams
-from tempering.rollout.generate import encode_prompt
 
 
 def make_batch(model, tokenizer, tasks, rewards):

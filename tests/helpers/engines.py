@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from tempering.rollout.engine import SamplingParams
-from tempering.rollout.generate import Generation, left_pad
+from tempering.inference.engine import SamplingParams
+from tempering.inference.generation import Generation, left_pad
 
 
 class ScriptedEngine:

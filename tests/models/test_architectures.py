@@ -10,10 +10,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tempering.config import load_config
 from tempering.data import generate_tasks
+from tempering.inference.chat import chat_format, end_of_turn, stop_token_ids
+from tempering.inference.engine import LocalEngine, SamplingParams
 from tempering.models.loading import load_model, load_tokenizer
 from tempering.pipeline import train
-from tempering.rollout.chat import chat_format, end_of_turn, stop_token_ids
-from tempering.rollout.engine import LocalEngine, SamplingParams
 from tempering.training.sft import sft_completion
 from tests.helpers.architectures import FAMILIES, build
 
@@ -66,11 +66,11 @@ def test_generation_stops_at_the_end_of_turn_token(tmp_path, corpus):
 
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_the_engines_fast_forward_gives_the_models_own_floats(tmp_path, corpus, name, monkeypatch):
-    """The engine's Llama-family forward (`rollout.decoder`) against the model's own: bitwise the same tokens
+    """The engine's Llama-family forward (`inference.decoder`) against the model's own: bitwise the same tokens
     and log-probs - prefill in chunks, a group's copies, decode, a next turn over a kept cache - in fp32 and
     from the engine's packed bf16 copy (q, k and v as one matmul there, gate and up as another). Other
     architectures run their own forward."""
-    from tempering.rollout.decoder import LlamaDecoder
+    from tempering.inference.decoder import LlamaDecoder
 
     path = build(name, tmp_path / name, corpus)
     tokenizer = load_tokenizer(path)

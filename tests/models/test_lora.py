@@ -92,7 +92,7 @@ def test_the_reference_of_a_lora_run_is_the_base_with_adapters_off(tiny_model_di
     gen = trainer.engine.generate([[1, 5, 9, 11]] * 2, generator=torch.Generator().manual_seed(0))
     args = gen.prompt_ids, gen.prompt_mask, gen.response_ids, gen.response_mask
     base = load_model(tiny_model_dir)
-    from tempering.rollout.engine import LocalEngine
+    from tempering.inference.engine import LocalEngine
 
     want = LocalEngine(base, state.tokenizer, trainer.engine.sampling).logprobs(*args)
     torch.testing.assert_close(trainer.ref.logprobs(*args), want)

@@ -10,11 +10,11 @@ from tempering.algos import LOSS_AGGREGATIONS, POLICY_LOSSES, LossInputs, masked
 from tempering.envs import EnvContext, Environment, make_env
 from tempering.envs.tool_calls import format_answer, format_call
 from tempering.envs.tool_tasks import generate_tool_tasks
+from tempering.inference.chat import Conversation
+from tempering.inference.engine import LocalEngine, SamplingParams
 from tempering.models.forward import response_logprobs
 from tempering.rewards import RewardFunction
 from tempering.rollout.batch import collate
-from tempering.rollout.chat import Conversation
-from tempering.rollout.engine import LocalEngine, SamplingParams
 from tempering.rollout.episodes import run_episodes
 from tempering.types import Episode
 from tests.helpers.engines import ScriptedEngine

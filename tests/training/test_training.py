@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from tempering.algos import ppo_clip_loss
+from tempering.inference.engine import LocalEngine, SamplingParams
 from tempering.models.forward import response_logprobs
-from tempering.rollout.engine import LocalEngine, SamplingParams
 from tempering.training.optim import make_optimizer, make_scheduler
 from tempering.training.sft import encode_examples, run_sft, sft_completion
 from tempering.training.update import UpdateSettings, update_policy

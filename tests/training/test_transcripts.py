@@ -2,7 +2,7 @@
 
 from tempering.envs import EnvContext
 from tempering.envs.tool_tasks import generate_tool_tasks
-from tempering.rollout.chat import chat_format
+from tempering.inference.chat import chat_format
 from tempering.training.sft import encode_transcript, sft_completion
 from tempering.training.transcripts import sft_transcripts, transcript_text
 

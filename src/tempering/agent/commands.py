@@ -92,9 +92,9 @@ def cmd_repair(args: argparse.Namespace) -> int:
     from tempering.checkpoint import resolve_model
     from tempering.config_sections import FEEDBACK_CHARS
     from tempering.envs import EnvContext
+    from tempering.inference.engine import SamplingParams, make_engine
+    from tempering.inference.remote import is_url
     from tempering.models.loading import load_tokenizer
-    from tempering.rollout.engine import SamplingParams, make_engine
-    from tempering.rollout.remote import is_url
     from tempering.runtime import configure
     from tempering.sandbox import open_sandbox
 

@@ -3,7 +3,7 @@
 It is the episode driver of multi-turn RL (`rollout.episodes.run_episodes`) with three additions: a stop
 rule, an attempt log and monitoring. Each task is one episode of the code environment (`envs.code.CodeEnv`:
 the same sandbox batch, the same tests, the same feedback text - one line, clipped head and tail), up to
-`repairs` attempts after the first, on any engine (`rollout.engine.make_engine`: a local model, or an
+`repairs` attempts after the first, on any engine (`inference.engine.make_engine`: a local model, or an
 OpenAI-compatible server over HTTP). The stop rule (`StopRule`) classifies each attempt
 (`failures.classify`) and ends an episode that is stuck (OpenHands' rule, simplified: the new attempt fails
 with the same error as the one before, or repeats an earlier program - asking again would only repeat it)
@@ -25,7 +25,7 @@ from tempering.agent.failures import FAILURE_CLASSES, Failure, classify
 from tempering.agent.monitor import AlertRule, JsonLog, Metrics
 from tempering.envs import EnvContext
 from tempering.envs.code import program_of
-from tempering.rollout.engine import Engine
+from tempering.inference.engine import Engine
 from tempering.rollout.episodes import run_episodes
 from tempering.types import Episode, Task
 

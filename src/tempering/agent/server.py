@@ -1,7 +1,7 @@
 """`tempering serve MODEL`: an OpenAI-compatible server over a local model.
 
     GET  /v1/models              the one model served (its name is the MODEL argument)
-    POST /v1/chat/completions    messages -> the model's chat format (`rollout.chat`); `stream: true` for SSE
+    POST /v1/chat/completions    messages -> the model's chat format (`inference.chat`); `stream: true` for SSE
     POST /v1/completions         a text prompt, continued as it is
     GET  /metrics                Prometheus text (requests, latency, tokens, batch sizes, cancellations)
     GET  /health                 answered on the event loop, whatever the load
@@ -29,7 +29,7 @@ which clients send as their API key (`Authorization: Bearer ...`); the guard the
 (`tempering.http`) checks it and caps request bodies. Every error is OpenAI's JSON shape ({"error": {"message", "type", "param", "code"}},
 `code` a string or null), its own (401, 413, 429) as well as an unknown path (404) or method (405).
 
-Engine: any request engine (`rollout.protocol.RequestEngine`: submit, start, close); how many rows it
+Engine: any request engine (`inference.protocol.RequestEngine`: submit, start, close); how many rows it
 decodes together and who hears each step's batch size are its own constructor arguments (`tempering serve
 --max-batch`, the server's metrics), set when the model is opened.
 
@@ -78,7 +78,7 @@ from tempering.agent.openai_api import (
 from tempering.agent.serving import Job, TokenLogprob, token_bytes
 from tempering.errors import TemperingError
 from tempering.http import MIN_TOKEN_CHARS, Admission, Guard, is_loopback
-from tempering.rollout.generate import encode_prompt
+from tempering.inference.generation import encode_prompt
 
 TOKEN_ENV, TOKEN_FILE_ENV = "TEMPERING_SERVE_TOKEN", "TEMPERING_SERVE_TOKEN_FILE"
 

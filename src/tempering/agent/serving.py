@@ -2,7 +2,7 @@
 
 A `Job` is one choice of one request: its prompt ids and sampling settings (temperature, top-p, its own
 seed, stop strings, how many alternatives' log-probs to report), submitted to the engine as a request
-(`rollout.protocol.Request`) whose token callback is the job's: the job collects the tokens and their
+(`inference.protocol.Request`) whose token callback is the job's: the job collects the tokens and their
 log-probs, decodes the text incrementally, cuts it at the first stop string (which ends the row), and
 tells a streaming listener the text as it becomes final - text that might still turn out to begin a stop
 string is held back until it cannot (`StopScan`, linear in the text whatever the stop strings' lengths), and
@@ -20,8 +20,8 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-from tempering.rollout.protocol import Completion, Handle, Request
-from tempering.rollout.sampling import Sampled
+from tempering.inference.protocol import Completion, Handle, Request
+from tempering.inference.sampling import Sampled
 
 
 @dataclass

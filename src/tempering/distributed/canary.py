@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from tempering.errors import TemperingError
-from tempering.rollout.generate import left_pad
+from tempering.inference.generation import left_pad
 
 
 class WeightSyncError(TemperingError):

@@ -9,10 +9,10 @@ import torch
 from tempering.config import RunConfig
 from tempering.distributed.schedule import ShardSpec
 from tempering.envs import env_context
+from tempering.inference.engine import SamplingParams, make_engine
 from tempering.models.loading import compute_dtype
 from tempering.rewards import RewardFunction
 from tempering.rollout.batch import Rollout, collate
-from tempering.rollout.engine import SamplingParams, make_engine
 from tempering.rollout.episodes import run_episodes
 from tempering.sandbox import Sandbox
 from tempering.tracking import Timer

@@ -10,7 +10,7 @@ import torch
 
 from tempering.envs import EnvContext
 from tempering.eval.passk import pass_at_k
-from tempering.rollout.engine import Engine
+from tempering.inference.engine import Engine
 from tempering.rollout.episodes import run_episodes
 from tempering.types import Task
 

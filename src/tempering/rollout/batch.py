@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, fields, replace
 import torch
 from torch import Tensor
 
-from tempering.rollout.generate import left_pad
+from tempering.inference.generation import left_pad
 from tempering.types import Episode, RewardResult
 
 

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 import torch
 
 from tempering.envs import EnvContext, Environment, make_env
-from tempering.rollout.chat import Conversation, chat_format
-from tempering.rollout.engine import Engine
+from tempering.inference.chat import Conversation, chat_format
+from tempering.inference.engine import Engine
 from tempering.types import Episode, Task
 
 

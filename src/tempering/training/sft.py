@@ -8,8 +8,8 @@ from collections.abc import Callable
 import torch
 
 from tempering.algos import masked_mean
+from tempering.inference.generation import encode_prompt, left_pad
 from tempering.models.forward import response_logprobs
-from tempering.rollout.generate import encode_prompt, left_pad
 from tempering.training.optim import make_optimizer, make_scheduler
 from tempering.types import Task
 

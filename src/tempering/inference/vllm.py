@@ -27,8 +27,8 @@ from torch import Tensor
 
 from tempering.checkpoint import rng_state, set_rng_state
 from tempering.errors import TemperingError
-from tempering.rollout.chat import stop_token_ids
-from tempering.rollout.generate import Generation, generation_of
+from tempering.inference.chat import stop_token_ids
+from tempering.inference.generation import Generation, generation_of
 
 
 def plain_state(state: Mapping[str, Tensor], scaling: float | None = None) -> Iterator[tuple[str, Tensor]]:

@@ -34,13 +34,13 @@ from typing import TypeGuard
 import torch
 from torch import Tensor
 
+from tempering.inference.chat import stop_token_ids
+from tempering.inference.decoder import FAMILY
+from tempering.inference.generation import Generation, generation_of
+from tempering.inference.protocol import BatchEngine, Completion, Handle, Request, SamplingParams
+from tempering.inference.scheduler import Scheduler
 from tempering.models.forward import response_logprobs
 from tempering.models.lora import is_peft, merged_copy
-from tempering.rollout.chat import stop_token_ids
-from tempering.rollout.decoder import FAMILY
-from tempering.rollout.generate import Generation, generation_of
-from tempering.rollout.protocol import BatchEngine, Completion, Handle, Request, SamplingParams
-from tempering.rollout.scheduler import Scheduler
 
 Engine = BatchEngine
 """The engine as the episode driver, evaluation and the repair agent use it (`protocol.BatchEngine`)."""
@@ -176,7 +176,7 @@ def prepacked(model):
     """`model` (a bf16 sampling copy) with each CPU linear layer's weight packed once for oneDNN's matmul (AMX
     tiles) - a plain bf16 linear reorders its weight on every call: measured 1.33x faster over SmolLM2's
     projections at 32 rows, bitwise the same outputs. A torch build without oneDNN keeps plain layers. For the
-    engine's own forward (`rollout.decoder`, the Llama family) projections that read the same input are also
+    engine's own forward (`inference.decoder`, the Llama family) projections that read the same input are also
     one packed layer (`fuse`): q, k and v as `qkv_proj`, the MLP's gate and up as `gate_up_proj`; the layers
     they were made of stay, unpacked, for the model's own forward."""
     if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")):
@@ -253,11 +253,11 @@ def make_engine(source, tokenizer, sampling: SamplingParams = DEFAULT_SAMPLING, 
     if kind == "local":
         return LocalEngine(source, tokenizer, sampling, version=version, adapters=adapters, dtype=dtype, **options)
     if kind == "http":
-        from tempering.rollout.remote import HTTPEngine
+        from tempering.inference.remote import HTTPEngine
 
         return HTTPEngine(source, tokenizer, sampling, **options)
     if kind == "vllm":
-        from tempering.rollout.vllm import VLLMEngine
+        from tempering.inference.vllm import VLLMEngine
 
         return VLLMEngine(source, tokenizer, sampling, version=version, **options)
     raise ValueError(f"unknown engine '{kind}'; known: {', '.join(ENGINES)}")

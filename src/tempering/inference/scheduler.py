@@ -30,10 +30,10 @@ import torch
 from torch import Tensor
 from transformers import AttentionInterface
 
-from tempering.rollout.decoder import LlamaDecoder
-from tempering.rollout.kvcache import SlotCache
-from tempering.rollout.protocol import Completion, Handle, Request
-from tempering.rollout.sampling import Uniforms, sample
+from tempering.inference.decoder import LlamaDecoder
+from tempering.inference.kvcache import SlotCache
+from tempering.inference.protocol import Completion, Handle, Request
+from tempering.inference.sampling import Uniforms, sample
 
 ATTENTION = "tempering_slots"
 

@@ -26,8 +26,8 @@ from torch import Tensor
 
 from tempering.errors import TemperingError
 from tempering.http import RetryingClient, Unreachable, is_loopback
-from tempering.rollout.chat import stop_token_ids
-from tempering.rollout.generate import Generation, generation_of
+from tempering.inference.chat import stop_token_ids
+from tempering.inference.generation import Generation, generation_of
 
 API_KEY_ENVS = ("TEMPERING_API_KEY", "OPENAI_API_KEY")
 

@@ -22,8 +22,8 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from tempering.rollout.generate import Generation
-from tempering.rollout.sampling import Sampled
+from tempering.inference.generation import Generation
+from tempering.inference.sampling import Sampled
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tempering.rollout.generate import encode_prompt
+from tempering.inference.generation import encode_prompt
 
 
 def end_of_turn(tokenizer) -> tuple[str, int]:

@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from tempering.envs import EnvContext
+from tempering.inference.engine import LocalEngine, SamplingParams
+from tempering.inference.generation import encode_prompt
+from tempering.inference.protocol import Request
+from tempering.inference.sampling import sample
 from tempering.models.forward import response_logprobs
-from tempering.rollout.engine import LocalEngine, SamplingParams
 from tempering.rollout.episodes import run_episodes
-from tempering.rollout.generate import encode_prompt
-from tempering.rollout.protocol import Request
-from tempering.rollout.sampling import sample
 
 
 def prompts_of(tokenizer, tasks, n):
@@ -214,7 +214,7 @@ def test_a_bf16_engine_samples_from_a_bf16_copy_close_to_the_fp32_policy(tiny, t
 
 
 def test_packed_bf16_linear_layers_give_the_plain_layers_outputs():
-    from tempering.rollout.engine import prepacked
+    from tempering.inference.engine import prepacked
 
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(48, 96), torch.nn.Linear(96, 8, bias=False)).to(torch.bfloat16)
@@ -242,7 +242,7 @@ def test_bf16_compute_is_refused_where_it_is_slower_and_auto_falls_back(monkeypa
 
 def test_open_model_checks_device_and_compute_before_loading(tmp_path):
     from tempering.errors import ConfigError
-    from tempering.rollout.engine import open_model
+    from tempering.inference.engine import open_model
 
     missing = tmp_path / "no-model"  # never read: the settings fail first
     with pytest.raises(ConfigError, match=r"--device=cuda:9 but"):
@@ -253,9 +253,9 @@ def test_open_model_checks_device_and_compute_before_loading(tmp_path):
 
 def test_eval_serve_repair_and_the_pipeline_open_models_one_way(tiny_model_dir, tasks, tmp_path, monkeypatch):
     """`tempering eval`, `load_local` (repair, serve) and the pipeline's evaluations all go through
-    `rollout.engine.open_model`, with their own settings."""
+    `inference.engine.open_model`, with their own settings."""
+    import tempering.inference.engine as engines
     import tempering.pipeline
-    import tempering.rollout.engine as engines
     from tempering.agent.backends import load_local
     from tempering.cli import main as cli
     from tempering.config import build_config

@@ -9,10 +9,10 @@ import torch
 
 vllm = pytest.importorskip("vllm")
 
+from tempering.inference.chat import chat_format  # noqa: E402
+from tempering.inference.engine import SamplingParams, make_engine  # noqa: E402
 from tempering.models.loading import load_model, load_tokenizer  # noqa: E402
 from tempering.models.registry import prepare  # noqa: E402
-from tempering.rollout.chat import chat_format  # noqa: E402
-from tempering.rollout.engine import SamplingParams, make_engine  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
