@@ -14,7 +14,7 @@ import pytest
 from tempering.config import load_config
 from tempering.errors import ConfigError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PLUGIN = ROOT / "examples" / "plugin"
 CONFIG = "examples/plugin/plugin.yaml"
 ENV = "tempering_plugin_example.env:ReverseEnv"
