@@ -30,9 +30,24 @@ from tempering.sandbox import LocalSandbox
 
 def repair_cli(model: str, tasks: str, repairs: int, extra: list[str]) -> tuple[dict, float]:
     started = time.perf_counter()
-    out = subprocess.run([sys.executable, "-m", "tempering.cli", "repair", model, "--tasks", tasks, "--repairs",
-                          str(repairs), *extra], capture_output=True, text=True, check=True)
-    return json.loads(out.stdout[out.stdout.index("{"):]), time.perf_counter() - started
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tempering.cli",
+            "repair",
+            model,
+            "--tasks",
+            tasks,
+            "--repairs",
+            str(repairs),
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(out.stdout[out.stdout.index("{") :]), time.perf_counter() - started
 
 
 def main() -> None:
@@ -44,8 +59,16 @@ def main() -> None:
     from tempering.checkpoint import resolve_model
 
     settings = run_settings(resolve_model(args.run_dir))
-    env_args = ["--feedback-chars", str(settings.get("feedback_chars", 400)), "--tokenizer", args.run_dir,
-                "--chat-format", settings.get("chat_format", "auto"), "--max-context", str(settings.get("max_context", 1024))]
+    env_args = [
+        "--feedback-chars",
+        str(settings.get("feedback_chars", 400)),
+        "--tokenizer",
+        args.run_dir,
+        "--chat-format",
+        settings.get("chat_format", "auto"),
+        "--max-context",
+        str(settings.get("max_context", 1024)),
+    ]
     if settings.get("code_instruction"):
         env_args += ["--instruction", settings["code_instruction"]]
     local, local_s = repair_cli(args.run_dir, args.tasks, args.repairs, [])
@@ -53,9 +76,12 @@ def main() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    server = subprocess.Popen([sys.executable, "-m", "tempering.cli", "serve", args.run_dir, "--port", str(port),
-                               "--name", "m"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              env=os.environ.copy())
+    server = subprocess.Popen(
+        [sys.executable, "-m", "tempering.cli", "serve", args.run_dir, "--port", str(port), "--name", "m"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=os.environ.copy(),
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         for _ in range(600):
@@ -64,7 +90,9 @@ def main() -> None:
                     break
             except httpx.HTTPError:
                 time.sleep(0.2)
-        remote, remote_s = repair_cli(f"{url}/v1", args.tasks, args.repairs, env_args + ["--concurrency", "32"])
+        remote, remote_s = repair_cli(
+            f"{url}/v1", args.tasks, args.repairs, env_args + ["--concurrency", "32"]
+        )
 
         tasks = load_tasks(args.tasks)
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=600)
@@ -72,8 +100,9 @@ def main() -> None:
 
         def ask(task) -> str:
             prompt = CodeEnv(ctx).reset(task)
-            r = client.chat.completions.create(model="m", messages=[{"role": "user", "content": prompt}],
-                                               max_tokens=48, temperature=0)
+            r = client.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": prompt}], max_tokens=48, temperature=0
+            )
             return r.choices[0].message.content
 
         started = time.perf_counter()
@@ -88,8 +117,10 @@ def main() -> None:
 
     print(f"{'arm':<26} {'single-shot':>11} {'w/ repairs':>10} {'stuck':>6} {'wall s':>7}")
     for name, r, s in (("agent, in-process", local, local_s), ("agent over HTTP (serve)", remote, remote_s)):
-        print(f"{name:<26} {r['first_turn_pass@1']:>11.1%} {r['pass@1']:>10.1%} "
-              f"{r['stuck_rate']:>6.1%} {s:>7.1f}")
+        print(
+            f"{name:<26} {r['first_turn_pass@1']:>11.1%} {r['pass@1']:>10.1%} "
+            f"{r['stuck_rate']:>6.1%} {s:>7.1f}"
+        )
     print(f"{'openai client, one shot':<26} {openai_pass:>11.1%} {'':>10} {'':>6} {openai_s:>7.1f}")
 
 

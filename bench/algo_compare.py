@@ -41,9 +41,20 @@ def run(algo: str, seed: int, sft: Path, out: Path, budget_s: float) -> dict:
         if done and not (run_dir / "eval_before.json").is_file():
             run_dir.mkdir(parents=True, exist_ok=True)
             (run_dir / "eval_before.json").write_bytes(done[0].read_bytes())
-        tempering("train", f"configs/algos/{algo}.yaml", f"model.path={sft}", "sft.steps=0", f"run.dir={run_dir}",
-                  f"run.seed={seed}", "train.steps=100000", f"train.max_time_s={budget_s}", "eval.every=0",
-                  "checkpoint.every=100000", "tracking.progress=false", "tracking.samples_every=0")
+        tempering(
+            "train",
+            f"configs/algos/{algo}.yaml",
+            f"model.path={sft}",
+            "sft.steps=0",
+            f"run.dir={run_dir}",
+            f"run.seed={seed}",
+            "train.steps=100000",
+            f"train.max_time_s={budget_s}",
+            "eval.every=0",
+            "checkpoint.every=100000",
+            "tracking.progress=false",
+            "tracking.samples_every=0",
+        )
     summary = json.loads((run_dir / "summary.json").read_text())
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
@@ -51,8 +62,14 @@ def run(algo: str, seed: int, sft: Path, out: Path, budget_s: float) -> dict:
         values = [r[key] for r in rows[-10:] if isinstance(r.get(key), int | float)]
         return sum(values) / max(1, len(values))
 
-    return {"algo": algo, "seed": seed, "summary": summary, "steps": len(rows),
-            "entropy": last("actor/entropy"), "length": last("response_length/mean")}
+    return {
+        "algo": algo,
+        "seed": seed,
+        "summary": summary,
+        "steps": len(rows),
+        "entropy": last("actor/entropy"),
+        "length": last("response_length/mean"),
+    }
 
 
 def pct(x: float) -> str:
@@ -61,22 +78,41 @@ def pct(x: float) -> str:
 
 def table(results: list[dict], budget_s: float) -> str:
     domains = list(results[0]["summary"]["per_domain_after"])
-    head = ["method", "seed", "steps", "sampled pass@1 [95% CI]", "gain [95% CI]", "greedy", *domains,
-            "entropy", "length"]
-    lines = [f"Held-out pass@1 (%) on {results[0]['summary']['heldout_tasks']} tasks never trained on, after "
-             f"{budget_s:.0f} s of RL from the same SFT model (sampled before RL: "
-             f"{pct(results[0]['summary']['heldout_pass@1_before'])}, greedy "
-             f"{pct(results[0]['summary']['heldout_greedy_pass@1_before'])}).", "",
-             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    head = [
+        "method",
+        "seed",
+        "steps",
+        "sampled pass@1 [95% CI]",
+        "gain [95% CI]",
+        "greedy",
+        *domains,
+        "entropy",
+        "length",
+    ]
+    lines = [
+        f"Held-out pass@1 (%) on {results[0]['summary']['heldout_tasks']} tasks never trained on, after "
+        f"{budget_s:.0f} s of RL from the same SFT model (sampled before RL: "
+        f"{pct(results[0]['summary']['heldout_pass@1_before'])}, greedy "
+        f"{pct(results[0]['summary']['heldout_greedy_pass@1_before'])}).",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+    ]
     for r in results:
         s = r["summary"]
         iv = s.get("intervals", {}).get("sampled", {}).get("all", {})
         after, gain = iv.get("after"), iv.get("gain")
-        cells = [r["algo"], str(r["seed"]), str(r["steps"]),
-                 pct(s["heldout_pass@1_after"]) + (f" [{pct(after[0])}, {pct(after[1])}]" if after else ""),
-                 format_gain(gain),
-                 pct(s["heldout_greedy_pass@1_after"]), *(pct(s["per_domain_after"][d]) for d in domains),
-                 f"{r['entropy']:.3f}", f"{r['length']:.1f}"]
+        cells = [
+            r["algo"],
+            str(r["seed"]),
+            str(r["steps"]),
+            pct(s["heldout_pass@1_after"]) + (f" [{pct(after[0])}, {pct(after[1])}]" if after else ""),
+            format_gain(gain),
+            pct(s["heldout_greedy_pass@1_after"]),
+            *(pct(s["per_domain_after"][d]) for d in domains),
+            f"{r['entropy']:.3f}",
+            f"{r['length']:.1f}",
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -117,7 +153,9 @@ def plot(results: list[dict], path: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--budget-s", type=float, default=180.0, help="RL wall-clock budget per run")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     parser.add_argument("--out", default="runs/algo_compare")
@@ -138,7 +176,8 @@ def main() -> None:
         (ROOT / "docs" / "algo_compare.md").write_text(
             "# Algorithms compared at equal wall clock\n\n"
             f"`.venv/bin/python bench/algo_compare.py --budget-s {args.budget_s:.0f} --seeds "
-            f"{' '.join(map(str, args.seeds))} --docs` (2 cores).\n\n{text}\n![](img/algo_compare.png)\n")
+            f"{' '.join(map(str, args.seeds))} --docs` (2 cores).\n\n{text}\n![](img/algo_compare.png)\n"
+        )
 
 
 if __name__ == "__main__":

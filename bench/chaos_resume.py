@@ -28,7 +28,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 VOLATILE = ("timing_s/", "perf/")
-BASE = ["train.steps=12", "checkpoint.every=2", "checkpoint.keep=2", "eval.every=5", "tracking.progress=false"]
+BASE = [
+    "train.steps=12",
+    "checkpoint.every=2",
+    "checkpoint.keep=2",
+    "eval.every=5",
+    "tracking.progress=false",
+]
 
 
 def rows(run_dir: Path) -> list[dict]:
@@ -55,7 +61,16 @@ def newest_valid_step(run_dir: Path, remote) -> int:
 
 
 def command(run_dir: Path, extra: list[str]) -> list[str]:
-    return [sys.executable, "-m", "tempering.cli", "train", "configs/smoke.yaml", f"run.dir={run_dir}", *BASE, *extra]
+    return [
+        sys.executable,
+        "-m",
+        "tempering.cli",
+        "train",
+        "configs/smoke.yaml",
+        f"run.dir={run_dir}",
+        *BASE,
+        *extra,
+    ]
 
 
 def one_run(i: int, out: Path, extra: list[str], remote_for, duration: float, rng: random.Random) -> dict:
@@ -65,8 +80,9 @@ def one_run(i: int, out: Path, extra: list[str], remote_for, duration: float, rn
     kills, during_save, lost, disk_lost = 0, 0, [], 0
     mode = ["random", "in-save", "random"][i % 3]
     for attempt in range(12):
-        proc = subprocess.Popen(command(run_dir, extra(i)), cwd=ROOT, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            command(run_dir, extra(i)), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         killed = False
         if attempt < 3:  # a few kills per run, then let it finish
             deadline = time.monotonic() + rng.uniform(0.3, duration)
@@ -89,12 +105,21 @@ def one_run(i: int, out: Path, extra: list[str], remote_for, duration: float, rn
             disk_lost += 1
         if (run_dir / "summary.json").is_file():
             break
-    return {"run": i, "done": (run_dir / "summary.json").is_file(), "kills": kills, "during_save": during_save,
-            "lost": lost, "disk_lost": disk_lost, "rows": stable(rows(run_dir))}
+    return {
+        "run": i,
+        "done": (run_dir / "summary.json").is_file(),
+        "kills": kills,
+        "during_save": during_save,
+        "lost": lost,
+        "disk_lost": disk_lost,
+        "rows": stable(rows(run_dir)),
+    }
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--s3", action="store_true", help="mirror to a loopback S3 server (moto)")
     parser.add_argument("--jobs", type=int, default=2, help="runs at once")
@@ -127,14 +152,19 @@ def main() -> None:
         storage = {"endpoint_url": endpoint, "key": "test", "secret": "test", "region": "us-east-1"}
 
         def extra(i):
-            return [f"checkpoint.uri=s3://chaos/run{i:02d}", *(f"checkpoint.storage.{k}={v}" for k, v in storage.items())]
+            return [
+                f"checkpoint.uri=s3://chaos/run{i:02d}",
+                *(f"checkpoint.storage.{k}={v}" for k, v in storage.items()),
+            ]
 
         def remote_for(i):
             return RemoteStore(f"s3://chaos/run{i:02d}", storage, retries=2, backoff_s=0.2)
 
     began = time.monotonic()
     ref_dir = out / "reference"
-    subprocess.run(command(ref_dir, []), cwd=ROOT, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(
+        command(ref_dir, []), cwd=ROOT, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     duration = time.monotonic() - began
     reference = stable(rows(ref_dir))
     lock = threading.Lock()
@@ -144,8 +174,11 @@ def main() -> None:
         r = one_run(i, out, extra, remote_for, duration, random.Random(args.seed * 1000 + i))
         with lock:
             results.append(r)
-            print(f"run {i:02d}: done={r.get('done')} kills={r['kills']} during_save={r.get('during_save')} "
-                  f"lost={r.get('lost')} identical={r.get('rows') == reference}", flush=True)
+            print(
+                f"run {i:02d}: done={r.get('done')} kills={r['kills']} during_save={r.get('during_save')} "
+                f"lost={r.get('lost')} identical={r.get('rows') == reference}",
+                flush=True,
+            )
 
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         list(pool.map(job, range(args.runs)))
@@ -157,14 +190,22 @@ def main() -> None:
     kills = sum(r["kills"] for r in results)
     in_save = sum(r.get("during_save", 0) for r in results)
     max_lost = max((x for r in results for x in r.get("lost", [])), default=0)
-    print(f"\n{'S3 (moto, loopback)' if args.s3 else 'local disk'}: {args.runs} runs of {len(reference)} RL steps, "
-          f"checkpoint every 2 steps; reference run {duration:.0f} s")
-    print(f"completed: {done}/{args.runs}   metrics identical to the uninterrupted run: {identical}/{args.runs}")
-    print(f"SIGKILLs: {kills} ({in_save} while a checkpoint was being written)   most steps lost by a kill: "
-          f"{max_lost} (checkpoint interval 2)   wall time {time.monotonic() - began:.0f} s")
+    print(
+        f"\n{'S3 (moto, loopback)' if args.s3 else 'local disk'}: {args.runs} runs of {len(reference)} RL steps, "
+        f"checkpoint every 2 steps; reference run {duration:.0f} s"
+    )
+    print(
+        f"completed: {done}/{args.runs}   metrics identical to the uninterrupted run: {identical}/{args.runs}"
+    )
+    print(
+        f"SIGKILLs: {kills} ({in_save} while a checkpoint was being written)   most steps lost by a kill: "
+        f"{max_lost} (checkpoint interval 2)   wall time {time.monotonic() - began:.0f} s"
+    )
     if args.s3:
-        print(f"resumes after the local checkpoints were deleted (so from S3): "
-              f"{sum(r.get('disk_lost', 0) for r in results)}")
+        print(
+            f"resumes after the local checkpoints were deleted (so from S3): "
+            f"{sum(r.get('disk_lost', 0) for r in results)}"
+        )
 
 
 if __name__ == "__main__":

@@ -42,14 +42,32 @@ ARMS = {
     "local-1t": ["run.threads=1"],
     "ray-sync-1w": ["run.threads=1", "distributed.backend=ray", "rollout.workers=1"],
     "ray-k1-1w": ["run.threads=1", "distributed.backend=ray", "rollout.workers=1", "rollout.max_staleness=1"],
-    "ray-k1-2w": ["run.threads=1", "distributed.backend=ray", "rollout.workers=2", "rollout.max_staleness=1",
-                  "rollout.shards=2", "rollout.worker_cpus=0.5"],
-    "ray-sync-1w-2t": ["run.threads=1", "distributed.backend=ray", "rollout.workers=1", "distributed.trainers=2"],
-    "ray-k1-1w-2t": ["run.threads=1", "distributed.backend=ray", "rollout.workers=1", "rollout.max_staleness=1",
-                     "distributed.trainers=2", "rollout.worker_cpus=0.5", "distributed.trainer_cpus=0.5"],
+    "ray-k1-2w": [
+        "run.threads=1",
+        "distributed.backend=ray",
+        "rollout.workers=2",
+        "rollout.max_staleness=1",
+        "rollout.shards=2",
+        "rollout.worker_cpus=0.5",
+    ],
+    "ray-sync-1w-2t": [
+        "run.threads=1",
+        "distributed.backend=ray",
+        "rollout.workers=1",
+        "distributed.trainers=2",
+    ],
+    "ray-k1-1w-2t": [
+        "run.threads=1",
+        "distributed.backend=ray",
+        "rollout.workers=1",
+        "rollout.max_staleness=1",
+        "distributed.trainers=2",
+        "rollout.worker_cpus=0.5",
+        "distributed.trainer_cpus=0.5",
+    ],
 }
 RANK0 = ("ref", "values", "recompute", "adv")  # the trainer's phases that stay on rank 0
-SPLIT = ("critic", "update")                   # the phases data-parallel trainers share
+SPLIT = ("critic", "update")  # the phases data-parallel trainers share
 CORES = 2
 
 
@@ -89,8 +107,9 @@ def sync_cost(repeats: int = 3) -> None:
     start_ray(None, 2)
     directory = resolve_model("smollm2-135m-instruct")
     full = load_model(directory)
-    lora = add_adapters(load_model(directory), directory, r=16, alpha=32, dropout=0.0, target_modules="all-linear",
-                        seed=0)
+    lora = add_adapters(
+        load_model(directory), directory, r=16, alpha=32, dropout=0.0, target_modules="all-linear", seed=0
+    )
     for name, model in (("full", full), ("LoRA r=16", lora)):
         holder = Holder.remote(model)
         puts, loads = [], []
@@ -101,8 +120,10 @@ def sync_cost(repeats: int = 3) -> None:
             loads.append(ray.get(holder.load.remote([ref])))
             del ref
         size = sum(a.nbytes for a in to_numpy(model).values()) / 2**20
-        print(f"SmolLM2 {name}: {size:.1f} MB; publish {statistics.median(puts):.3f} s, "
-              f"worker load {statistics.median(loads):.3f} s (median of {repeats})")
+        print(
+            f"SmolLM2 {name}: {size:.1f} MB; publish {statistics.median(puts):.3f} s, "
+            f"worker load {statistics.median(loads):.3f} s (median of {repeats})"
+        )
         ray.kill(holder)
     ray.shutdown()
 
@@ -177,7 +198,10 @@ def main() -> None:
                 run_dir = work / f"{arm}-{r}"
                 tempering(ROOT, "train", recipe, f"run.dir={run_dir}", *common, *start, *overrides)
                 times[arm].append(phases(run_dir))
-    mean = {arm: {k: sum(p.get(k, 0.0) for p in ps) / len(ps) for k in set().union(*ps)} for arm, ps in times.items()}
+    mean = {
+        arm: {k: sum(p.get(k, 0.0) for p in ps) / len(ps) for k in set().union(*ps)}
+        for arm, ps in times.items()
+    }
     with open(ROOT / recipe) as f:
         import yaml
 
@@ -198,28 +222,40 @@ def main() -> None:
         split = u1 / m + (a if m > 1 else 0.0)
         return [u0 + split + w] + [split] * (m - 1)
 
-    model = {"local-2t": None, "local-1t": c + u0 + u1 + w,
-             "ray-sync-1w": shared(workers(1)) + shared(ranks(1)) + d,
-             "ray-k1-1w": shared(workers(1) + ranks(1)) + d, "ray-k1-2w": shared(workers(2) + ranks(1)) + d,
-             "ray-sync-1w-2t": shared(workers(1)) + shared(ranks(2)) + d,
-             "ray-k1-1w-2t": shared(workers(1) + ranks(2)) + d}
+    model = {
+        "local-2t": None,
+        "local-1t": c + u0 + u1 + w,
+        "ray-sync-1w": shared(workers(1)) + shared(ranks(1)) + d,
+        "ray-k1-1w": shared(workers(1) + ranks(1)) + d,
+        "ray-k1-2w": shared(workers(2) + ranks(1)) + d,
+        "ray-sync-1w-2t": shared(workers(1)) + shared(ranks(2)) + d,
+        "ray-k1-1w-2t": shared(workers(1) + ranks(2)) + d,
+    }
     print(f"tiny-code, {samples} samples per step, steps 3-{args.steps}, {args.rounds} round(s)")
-    print(f"model inputs (ray-sync-1w): C {c:.3f} s  U0 {u0:.3f} s  U1 {u1:.3f} s  W {w:.3f} s  D {d:.3f} s  "
-          f"A {a:.4f} s ({one_allreduce * 1e3:.2f} ms an all-reduce)")
-    print(f"{'arm':<16}{'samples/s':>10}{'step s':>8}{'model s':>9}{'err':>7}{'gen':>7}{'reward':>8}{'wait':>7}"
-          f"{'update':>8}{'allred':>8}{'sync':>7}")
+    print(
+        f"model inputs (ray-sync-1w): C {c:.3f} s  U0 {u0:.3f} s  U1 {u1:.3f} s  W {w:.3f} s  D {d:.3f} s  "
+        f"A {a:.4f} s ({one_allreduce * 1e3:.2f} ms an all-reduce)"
+    )
+    print(
+        f"{'arm':<16}{'samples/s':>10}{'step s':>8}{'model s':>9}{'err':>7}{'gen':>7}{'reward':>8}{'wait':>7}"
+        f"{'update':>8}{'allred':>8}{'sync':>7}"
+    )
     for arm, m in mean.items():
         pred = model[arm]
         err = f"{(m['step'] - pred) / pred:+.0%}" if pred else "-"
-        print(f"{arm:<16}{samples / m['step']:>10.1f}{m['step']:>8.3f}{(f'{pred:.3f}' if pred else '-'):>9}{err:>7}"
-              f"{m.get('gen', 0):>7.3f}{m.get('reward', 0):>8.3f}{m.get('wait', 0):>7.3f}{m.get('update', 0):>8.3f}"
-              f"{m.get('allreduce', 0):>8.3f}{m.get('sync', 0):>7.3f}")
+        print(
+            f"{arm:<16}{samples / m['step']:>10.1f}{m['step']:>8.3f}{(f'{pred:.3f}' if pred else '-'):>9}{err:>7}"
+            f"{m.get('gen', 0):>7.3f}{m.get('reward', 0):>8.3f}{m.get('wait', 0):>7.3f}{m.get('update', 0):>8.3f}"
+            f"{m.get('allreduce', 0):>8.3f}{m.get('sync', 0):>7.3f}"
+        )
     base = mean["ray-sync-1w"]["step"]
-    print(f"ray sync / local-1t step time: {base / mean['local-1t']['step']:.3f}; async speed-up over ray sync: "
-          f"1 worker {base / mean['ray-k1-1w']['step']:.2f}x, 2 workers {base / mean['ray-k1-2w']['step']:.2f}x; "
-          f"2 trainers: sync {base / mean['ray-sync-1w-2t']['step']:.2f}x, "
-          f"async {base / mean['ray-k1-1w-2t']['step']:.2f}x; update phase 1 -> 2 trainers (sync): "
-          f"{ref['update'] / mean['ray-sync-1w-2t']['update']:.2f}x")
+    print(
+        f"ray sync / local-1t step time: {base / mean['local-1t']['step']:.3f}; async speed-up over ray sync: "
+        f"1 worker {base / mean['ray-k1-1w']['step']:.2f}x, 2 workers {base / mean['ray-k1-2w']['step']:.2f}x; "
+        f"2 trainers: sync {base / mean['ray-sync-1w-2t']['step']:.2f}x, "
+        f"async {base / mean['ray-k1-1w-2t']['step']:.2f}x; update phase 1 -> 2 trainers (sync): "
+        f"{ref['update'] / mean['ray-sync-1w-2t']['update']:.2f}x"
+    )
 
 
 if __name__ == "__main__":

@@ -43,7 +43,9 @@ print(json.dumps({"tokens": sum(len(c.token_ids) for o in out for c in o.outputs
 """
 
 
-def engine_arm(engine: LocalEngine, prompts: list[list[int]], samples: int, max_new: int) -> tuple[int, float]:
+def engine_arm(
+    engine: LocalEngine, prompts: list[list[int]], samples: int, max_new: int
+) -> tuple[int, float]:
     engine.sampling = SamplingParams(1.0, 1.0, max_new)
     contexts = [p for p in prompts for _ in range(samples)]
     started = time.perf_counter()
@@ -51,14 +53,28 @@ def engine_arm(engine: LocalEngine, prompts: list[list[int]], samples: int, max_
     return int(gen.response_mask.sum()), time.perf_counter() - started
 
 
-def hf_arm(model, prompts: list[list[int]], samples: int, max_new: int, stops: list[int], pad: int) -> tuple[int, float]:
+def hf_arm(
+    model, prompts: list[list[int]], samples: int, max_new: int, stops: list[int], pad: int
+) -> tuple[int, float]:
     width = max(map(len, prompts))
     ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts for _ in range(samples)])
-    mask = (torch.arange(width)[None] >= torch.tensor([width - len(p) for p in prompts for _ in range(samples)])[:, None])
+    mask = (
+        torch.arange(width)[None]
+        >= torch.tensor([width - len(p) for p in prompts for _ in range(samples)])[:, None]
+    )
     torch.manual_seed(0)
     started = time.perf_counter()
-    out = model.generate(input_ids=ids, attention_mask=mask.long(), max_new_tokens=max_new, do_sample=True,
-                         temperature=1.0, top_p=1.0, top_k=0, eos_token_id=stops, pad_token_id=pad)
+    out = model.generate(
+        input_ids=ids,
+        attention_mask=mask.long(),
+        max_new_tokens=max_new,
+        do_sample=True,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        eos_token_id=stops,
+        pad_token_id=pad,
+    )
     wall = time.perf_counter() - started
     new = out[:, width:]
     ended = torch.isin(new, torch.tensor(stops))
@@ -66,11 +82,17 @@ def hf_arm(model, prompts: list[list[int]], samples: int, max_new: int, stops: l
     return int((~after).sum()), wall
 
 
-def vllm_arm(python: str, model_dir: str, prompts: list[list[int]], samples: int, max_new: int,
-             threads: int) -> tuple[int, float] | None:
+def vllm_arm(
+    python: str, model_dir: str, prompts: list[list[int]], samples: int, max_new: int, threads: int
+) -> tuple[int, float] | None:
     env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": f"0-{threads - 1}", "VLLM_TARGET_DEVICE": "cpu"}
-    done = subprocess.run([python, "-c", VLLM_ARM, model_dir, json.dumps(prompts), str(samples), str(max_new)],
-                          capture_output=True, text=True, env=env, timeout=3600)
+    done = subprocess.run(
+        [python, "-c", VLLM_ARM, model_dir, json.dumps(prompts), str(samples), str(max_new)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=3600,
+    )
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not lines:
         print(f"vllm arm failed: {done.stderr.strip()[-400:]}", file=sys.stderr)
@@ -99,7 +121,10 @@ def main() -> None:
     stops, pad = list(engine.stop_ids), tokenizer.pad_token_id
     engine_arm(engine, [fmt.start(tasks[-1].prompt)[0]], 2, 8)  # warm-up
     if args.bf16:
-        engine16, model16 = make_engine(model, tokenizer, dtype=torch.bfloat16), copy.deepcopy(model).bfloat16()
+        engine16, model16 = (
+            make_engine(model, tokenizer, dtype=torch.bfloat16),
+            copy.deepcopy(model).bfloat16(),
+        )
         engine_arm(engine16, [fmt.start(tasks[-1].prompt)[0]], 2, 8)
     print(f"{'P':>2} {'max_new':>7} {'arm':<8} {'tokens':>7} {'wall s':>7} {'tok/s':>7} {'vs HF':>6}")
     for max_new in args.max_new:
@@ -119,8 +144,11 @@ def main() -> None:
             hf = rows["HF"][0] / rows["HF"][1] if "HF" in rows else None
             for arm, (tokens, wall) in rows.items():
                 rate = tokens / wall
-                print(f"{n:>2} {max_new:>7} {arm:<8} {tokens:>7} {wall:>7.1f} {rate:>7.1f} "
-                      + (f"{rate / hf:>5.2f}x" if hf else ""), flush=True)
+                print(
+                    f"{n:>2} {max_new:>7} {arm:<8} {tokens:>7} {wall:>7.1f} {rate:>7.1f} "
+                    + (f"{rate / hf:>5.2f}x" if hf else ""),
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

@@ -23,10 +23,28 @@ from tempering.envs.answer import answers_match
 from tempering.envs.gym import HOST_CHECKED, gym_datasets, gym_tasks, score_gym_answers, verifier_pool
 from tempering.sandbox import LocalSandbox
 
-MIX = ["basic_arithmetic", "arc_1d", "arc_agi", "game_of_life_halting", "string_insertion", "spiral_matrix",
-       "binary_matrix", "n_queens", "countdown", "puzzle24", "simple_integration", "polynomial_multiplication",
-       "spell_backward", "word_sorting", "letter_counting", "chain_sum", "rotate_matrix", "codeio",
-       "propositional_logic", "sudoku"]
+MIX = [
+    "basic_arithmetic",
+    "arc_1d",
+    "arc_agi",
+    "game_of_life_halting",
+    "string_insertion",
+    "spiral_matrix",
+    "binary_matrix",
+    "n_queens",
+    "countdown",
+    "puzzle24",
+    "simple_integration",
+    "polynomial_multiplication",
+    "spell_backward",
+    "word_sorting",
+    "letter_counting",
+    "chain_sum",
+    "rotate_matrix",
+    "codeio",
+    "propositional_logic",
+    "sudoku",
+]
 
 
 def answers(n: int) -> list:
@@ -63,15 +81,19 @@ def in_process(items: list) -> list[float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--answers", type=int, default=200)
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--isolation", default="auto")
     args = parser.parse_args()
 
     items = answers(args.answers)
-    print(f"# {platform.node()}: {os.cpu_count()} CPUs, python {platform.python_version()}, "
-          f"{len(items)} answers over {len({t.domain for t, _ in items})} datasets")
+    print(
+        f"# {platform.node()}: {os.cpu_count()} CPUs, python {platform.python_version()}, "
+        f"{len(items)} answers over {len({t.domain for t, _ in items})} datasets"
+    )
     in_process(items[:8])  # warm the cache: the old path paid dataset creation once per run too
     start = time.perf_counter()
     reference = in_process(items)
@@ -88,12 +110,16 @@ def main() -> None:
         after = (time.perf_counter() - start) / len(items)
         label = f"sandboxed, {workers} worker(s), {pool.backend}"
         print(f"{label:<34}{startup:>12.1f}{after * 1e3:>12.3f}{1 / after:>12.0f}")
-        differ = [(t.domain, a[:30], r, s) for (t, a), r, s in zip(items, reference, scores) if abs(r - s) > 1e-9]
+        differ = [
+            (t.domain, a[:30], r, s) for (t, a), r, s in zip(items, reference, scores) if abs(r - s) > 1e-9
+        ]
         if differ:
             print(f"  {len(differ)} scores differ from in-process: {differ[:5]}")
     partial = sum(0 < s < 1 for s in reference)
-    print(f"# {sum(s == 1 for s in reference)} full, {partial} partial, "
-          f"{sum(s == 0 for s in reference)} zero scores; same in both ways unless listed above")
+    print(
+        f"# {sum(s == 1 for s in reference)} full, {partial} partial, "
+        f"{sum(s == 0 for s in reference)} zero scores; same in both ways unless listed above"
+    )
 
 
 if __name__ == "__main__":

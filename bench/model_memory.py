@@ -25,8 +25,12 @@ import sys
 import time
 
 ARMS = [
-    ("full", "float32", False), ("lora", "float32", False), ("full", "bfloat16", False),
-    ("lora", "bfloat16", False), ("full", "float32", True), ("lora", "float32", True),
+    ("full", "float32", False),
+    ("lora", "float32", False),
+    ("full", "bfloat16", False),
+    ("lora", "bfloat16", False),
+    ("full", "float32", True),
+    ("lora", "float32", True),
 ]
 
 
@@ -51,26 +55,41 @@ def run_arm(args: argparse.Namespace) -> dict:
     b, p, r, vocab = args.rows, args.prompt, args.response, model.config.vocab_size
     prompt = torch.randint(0, vocab, (1, p)).expand(b, p) if args.shared else torch.randint(0, vocab, (b, p))
     batch = RolloutBatch(
-        prompt_ids=prompt.contiguous(), prompt_mask=torch.ones(b, p, dtype=torch.long),
-        response_ids=torch.randint(0, vocab, (b, r)), response_mask=torch.ones(b, r),
-        old_logprobs=torch.full((b, r), -2.0), rewards=torch.randn(b), group_ids=torch.arange(b) // 4)
+        prompt_ids=prompt.contiguous(),
+        prompt_mask=torch.ones(b, p, dtype=torch.long),
+        response_ids=torch.randint(0, vocab, (b, r)),
+        response_mask=torch.ones(b, r),
+        old_logprobs=torch.full((b, r), -2.0),
+        rewards=torch.randn(b),
+        group_ids=torch.arange(b) // 4,
+    )
     batch.advantages = torch.randn(b, 1).expand(b, r).contiguous()
     optimizer = make_optimizer(model, lr=1e-5)
     times = []
     for i in range(args.repeats + 1):
         start = time.perf_counter()
         settings = UpdateSettings(minibatches=args.minibatches, gradient_checkpointing=args.checkpointing)
-        update_policy(model, optimizer, batch, POLICY_LOSSES["ppo_clip"], settings, torch.Generator().manual_seed(i))
+        update_policy(
+            model, optimizer, batch, POLICY_LOSSES["ppo_clip"], settings, torch.Generator().manual_seed(i)
+        )
         times.append(time.perf_counter() - start)
     seconds = sum(times[1:]) / args.repeats
-    return {"mode": args.mode, "dtype": args.dtype, "checkpointing": args.checkpointing, "trainable": trainable,
-            "response": r,
-            "update_s": seconds, "tokens_per_s": b * r / seconds,
-            "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
+    return {
+        "mode": args.mode,
+        "dtype": args.dtype,
+        "checkpointing": args.checkpointing,
+        "trainable": trainable,
+        "response": r,
+        "update_s": seconds,
+        "tokens_per_s": b * r / seconds,
+        "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+    }
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--rows", type=int, default=8)
     parser.add_argument("--prompt", type=int, default=256)
@@ -96,40 +115,72 @@ def main() -> None:
         return
     rows = []
     for mode, dtype, ckpt in ARMS:
-        cmd = [sys.executable, __file__, f"--arm={mode},{dtype},{int(ckpt)}", f"--model={args.model}",
-               f"--rows={args.rows}", f"--prompt={args.prompt}", f"--response={args.response}",
-               f"--repeats={args.repeats}", f"--threads={args.threads}"]
+        cmd = [
+            sys.executable,
+            __file__,
+            f"--arm={mode},{dtype},{int(ckpt)}",
+            f"--model={args.model}",
+            f"--rows={args.rows}",
+            f"--prompt={args.prompt}",
+            f"--response={args.response}",
+            f"--repeats={args.repeats}",
+            f"--threads={args.threads}",
+        ]
         out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
         rows.append(json.loads(out))
     base = rows[0]
-    print(f"{args.model}: one update of {args.rows} rows x ({args.prompt} prompt + {args.response} response) "
-          f"tokens, 2 minibatches, {args.threads} threads")
-    print(f"{'mode':<5} {'dtype':<9} {'ckpt':<4} {'trainable':>11} {'update s':>9} {'tok/s':>7} {'peak GB':>8} "
-          f"{'time x':>7} {'mem x':>6}")
+    print(
+        f"{args.model}: one update of {args.rows} rows x ({args.prompt} prompt + {args.response} response) "
+        f"tokens, 2 minibatches, {args.threads} threads"
+    )
+    print(
+        f"{'mode':<5} {'dtype':<9} {'ckpt':<4} {'trainable':>11} {'update s':>9} {'tok/s':>7} {'peak GB':>8} "
+        f"{'time x':>7} {'mem x':>6}"
+    )
     for r in rows:
-        print(f"{r['mode']:<5} {r['dtype']:<9} {'on' if r['checkpointing'] else 'off':<4} {r['trainable']:>11,} "
-              f"{r['update_s']:>9.2f} {r['tokens_per_s']:>7.1f} {r['peak_rss_gb']:>8.2f} "
-              f"{r['update_s'] / base['update_s']:>7.2f} {r['peak_rss_gb'] / base['peak_rss_gb']:>6.2f}")
+        print(
+            f"{r['mode']:<5} {r['dtype']:<9} {'on' if r['checkpointing'] else 'off':<4} {r['trainable']:>11,} "
+            f"{r['update_s']:>9.2f} {r['tokens_per_s']:>7.1f} {r['peak_rss_gb']:>8.2f} "
+            f"{r['update_s'] / base['update_s']:>7.2f} {r['peak_rss_gb'] / base['peak_rss_gb']:>6.2f}"
+        )
 
 
 def curve(args: argparse.Namespace) -> None:
-    print(f"{args.model} + LoRA r=16, float32: one update of {args.rows} rows sharing a {args.prompt}-token prompt, "
-          f"1 minibatch, {args.threads} threads")
+    print(
+        f"{args.model} + LoRA r=16, float32: one update of {args.rows} rows sharing a {args.prompt}-token prompt, "
+        f"1 minibatch, {args.threads} threads"
+    )
     print(f"{'response':>8} {'ckpt':<4} {'update s':>9} {'tok/s':>7} {'peak GB':>8}")
     for length in args.lengths:
         # Without checkpointing every layer's activations are kept: past 2k tokens a row that is more than this
         # machine's memory (24 GB), so those points are not run.
         for ckpt in (True, False) if length <= 2048 else (True,):
-            cmd = [sys.executable, __file__, f"--arm=lora,float32,{int(ckpt)}", f"--model={args.model}", "--shared",
-                   f"--rows={args.rows}", f"--prompt={args.prompt}", f"--response={length}", "--minibatches=1",
-                   "--repeats=1", f"--threads={args.threads}"]
+            cmd = [
+                sys.executable,
+                __file__,
+                f"--arm=lora,float32,{int(ckpt)}",
+                f"--model={args.model}",
+                "--shared",
+                f"--rows={args.rows}",
+                f"--prompt={args.prompt}",
+                f"--response={length}",
+                "--minibatches=1",
+                "--repeats=1",
+                f"--threads={args.threads}",
+            ]
             done = subprocess.run(cmd, capture_output=True, text=True)
             if done.returncode != 0:
-                print(f"{length:>8} {'on' if ckpt else 'off':<4} failed: {done.stderr.strip()[-200:]}", flush=True)
+                print(
+                    f"{length:>8} {'on' if ckpt else 'off':<4} failed: {done.stderr.strip()[-200:]}",
+                    flush=True,
+                )
                 continue
             r = json.loads(done.stdout.strip().splitlines()[-1])
-            print(f"{length:>8} {'on' if ckpt else 'off':<4} {r['update_s']:>9.1f} {r['tokens_per_s']:>7.1f} "
-                  f"{r['peak_rss_gb']:>8.2f}", flush=True)
+            print(
+                f"{length:>8} {'on' if ckpt else 'off':<4} {r['update_s']:>9.1f} {r['tokens_per_s']:>7.1f} "
+                f"{r['peak_rss_gb']:>8.2f}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -30,13 +30,25 @@ from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-RECIPES = {"tiny-code": "configs/tiny-code.yaml", "code-repair": "configs/code-repair.yaml",
-           "smollm2-code": "configs/smollm2-code.yaml"}
-COMMON = ["eval.samples=1", "eval.every=0", "checkpoint.every=100000", "tracking.progress=false",
-          "tracking.tensorboard=false", "tracking.samples_every=0", "train.max_time_s=null"]
-DATA = {"tiny-code": ["data.num_train=3000", "data.num_heldout=64"],
-        "code-repair": ["data.num_train=3000", "data.num_heldout=64"],
-        "smollm2-code": ["data.num_heldout=4", "algo.skip_zero_advantage=false"]}
+RECIPES = {
+    "tiny-code": "configs/tiny-code.yaml",
+    "code-repair": "configs/code-repair.yaml",
+    "smollm2-code": "configs/smollm2-code.yaml",
+}
+COMMON = [
+    "eval.samples=1",
+    "eval.every=0",
+    "checkpoint.every=100000",
+    "tracking.progress=false",
+    "tracking.tensorboard=false",
+    "tracking.samples_every=0",
+    "train.max_time_s=null",
+]
+DATA = {
+    "tiny-code": ["data.num_train=3000", "data.num_heldout=64"],
+    "code-repair": ["data.num_train=3000", "data.num_heldout=64"],
+    "smollm2-code": ["data.num_heldout=4", "algo.skip_zero_advantage=false"],
+}
 """Per recipe: fewer held-out tasks than the recipe's own (the evaluations are not what is measured); the real
 model trains every row, so that the update's work does not depend on which groups happened to carry signal."""
 NO_SFT = {"smollm2-code"}
@@ -47,8 +59,9 @@ NEW_OVERRIDES = {"code-repair": ["reward.weights={tests: 1.0, improvement: 0.2}"
 def tempering(tree: Path, *args: str) -> float:
     """Run `tempering ARGS` with `tree`'s code; the process's peak resident memory in GB."""
     env = {**os.environ, "PYTHONPATH": str(tree / "src")}
-    proc = subprocess.Popen([sys.executable, "-m", "tempering.cli", *args], cwd=tree, env=env,
-                            stdout=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tempering.cli", *args], cwd=tree, env=env, stdout=subprocess.DEVNULL
+    )
     _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:
@@ -70,7 +83,9 @@ def phases(run_dir: Path) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--old", required=True, help="git revision of the old code")
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--rounds", type=int, default=2)
@@ -79,7 +94,9 @@ def main() -> None:
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="phase-times-"))
     old_tree = work / "old"
-    subprocess.run(["git", "worktree", "add", "--detach", "-q", str(old_tree), args.old], check=True, cwd=ROOT)
+    subprocess.run(
+        ["git", "worktree", "add", "--detach", "-q", str(old_tree), args.old], check=True, cwd=ROOT
+    )
     try:
         for name in args.recipes:
             recipe, common = RECIPES[name], [*COMMON, *DATA[name]]
@@ -93,13 +110,23 @@ def main() -> None:
                 for arm, tree in (("old", old_tree), ("new", ROOT)):
                     run_dir = work / f"{name}-{arm}-{r}"
                     extra = NEW_OVERRIDES.get(name, []) if arm == "new" else []
-                    peak = tempering(tree, "train", recipe, f"run.dir={run_dir}", *start, f"train.steps={args.steps}",
-                                     *common, *extra)
+                    peak = tempering(
+                        tree,
+                        "train",
+                        recipe,
+                        f"run.dir={run_dir}",
+                        *start,
+                        f"train.steps={args.steps}",
+                        *common,
+                        *extra,
+                    )
                     totals[arm]["peak GB"].append(peak)
                     for phase, seconds in phases(run_dir).items():
                         totals[arm][phase].append(seconds)
-            print(f"\n{name}: mean s/step over steps 2-{args.steps}, {args.rounds} alternating rounds; peak GB: the "
-                  "whole run's resident memory")
+            print(
+                f"\n{name}: mean s/step over steps 2-{args.steps}, {args.rounds} alternating rounds; peak GB: the "
+                "whole run's resident memory"
+            )
             print(f"{'phase':<10} {'old':>8} {'new':>8} {'new/old':>8}")
             for phase in sorted(set(totals["old"]) | set(totals["new"])):
                 old = sum(totals["old"][phase]) / max(1, len(totals["old"][phase]))

@@ -80,7 +80,9 @@ def free_port() -> int:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--outage-s", type=float, default=30.0)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--out", default="runs/s3_outage")
@@ -101,11 +103,25 @@ def main() -> None:
 
     run_dir = ROOT / args.out
     shutil.rmtree(run_dir, ignore_errors=True)
-    cmd = [sys.executable, "-m", "tempering.cli", "train", "configs/smoke.yaml", f"run.dir={run_dir}",
-           f"train.steps={args.steps}", "checkpoint.every=5", "eval.every=0", "tracking.progress=false",
-           "checkpoint.uri=s3://outage/run", f"checkpoint.storage.endpoint_url=http://127.0.0.1:{proxy_port}",
-           "checkpoint.storage.key=test", "checkpoint.storage.secret=test", "checkpoint.storage.region=us-east-1",
-           "checkpoint.upload_retries=7", "checkpoint.retry_backoff_s=1.0"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "tempering.cli",
+        "train",
+        "configs/smoke.yaml",
+        f"run.dir={run_dir}",
+        f"train.steps={args.steps}",
+        "checkpoint.every=5",
+        "eval.every=0",
+        "tracking.progress=false",
+        "checkpoint.uri=s3://outage/run",
+        f"checkpoint.storage.endpoint_url=http://127.0.0.1:{proxy_port}",
+        "checkpoint.storage.key=test",
+        "checkpoint.storage.secret=test",
+        "checkpoint.storage.region=us-east-1",
+        "checkpoint.upload_retries=7",
+        "checkpoint.retry_backoff_s=1.0",
+    ]
     began = time.monotonic()
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     rows_file = run_dir / "metrics.jsonl"
@@ -123,15 +139,21 @@ def main() -> None:
     output, _ = proc.communicate(timeout=900)
     direct.invalidate_cache()
     remote = sorted(p.rsplit("/", 1)[-1] for p in direct.ls("outage/run"))
-    manifests = [n for n in remote if n.startswith("step_") and direct.exists(f"outage/run/{n}/MANIFEST.json")]
+    manifests = [
+        n for n in remote if n.startswith("step_") and direct.exists(f"outage/run/{n}/MANIFEST.json")
+    ]
     rows = [json.loads(line) for line in rows_file.read_text().splitlines()]
     server.stop()
     print(output[-1500:])
-    print(f"\noutage of {args.outage_s:.0f} s began {outage_began - began:.1f} s into the run, during the upload of "
-          f"step 5; steps trained during the outage: {rows_after_outage - rows_at_outage} "
-          f"({rows_at_outage} -> {rows_after_outage})")
-    print(f"run exit status {proc.returncode}; steps completed {len(rows)}/{args.steps}; "
-          f"on S3 afterwards: {remote}; with a verified manifest: {manifests}")
+    print(
+        f"\noutage of {args.outage_s:.0f} s began {outage_began - began:.1f} s into the run, during the upload of "
+        f"step 5; steps trained during the outage: {rows_after_outage - rows_at_outage} "
+        f"({rows_at_outage} -> {rows_after_outage})"
+    )
+    print(
+        f"run exit status {proc.returncode}; steps completed {len(rows)}/{args.steps}; "
+        f"on S3 afterwards: {remote}; with a verified manifest: {manifests}"
+    )
 
 
 if __name__ == "__main__":

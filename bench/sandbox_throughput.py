@@ -56,7 +56,9 @@ def bench_bwrap_per_exec(concurrency: int, n: int, workload: str) -> Row | None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--n", type=int, default=400, help="executions per pool measurement")
     parser.add_argument("--n-baseline", type=int, default=150, help="executions per baseline measurement")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 8])

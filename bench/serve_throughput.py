@@ -34,16 +34,35 @@ import openai
 from tempering.data import generate_tasks
 
 
-def start(model: str, max_batch: int, threads: int, checkout: str | None = None) -> tuple[subprocess.Popen, str]:
+def start(
+    model: str, max_batch: int, threads: int, checkout: str | None = None
+) -> tuple[subprocess.Popen, str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = os.environ.copy()
     if checkout:
         env["PYTHONPATH"] = os.path.join(checkout, "src")
-    proc = subprocess.Popen([sys.executable, "-m", "tempering.cli", "serve", model, "--port", str(port), "--name",
-                             "m", "--max-batch", str(max_batch), "--threads", str(threads)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tempering.cli",
+            "serve",
+            model,
+            "--port",
+            str(port),
+            "--name",
+            "m",
+            "--max-batch",
+            str(max_batch),
+            "--threads",
+            str(threads),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    )
     url = f"http://127.0.0.1:{port}"
     for _ in range(600):
         try:
@@ -60,8 +79,13 @@ def arm(url: str, prompts: list[str], clients: int, n: int, max_tokens: int) -> 
 
     def one(i: int) -> tuple[float, int]:
         started = time.perf_counter()
-        r = client.chat.completions.create(model="m", messages=[{"role": "user", "content": prompts[i % len(prompts)]}],
-                                           max_tokens=max_tokens, temperature=1.0, seed=i)
+        r = client.chat.completions.create(
+            model="m",
+            messages=[{"role": "user", "content": prompts[i % len(prompts)]}],
+            max_tokens=max_tokens,
+            temperature=1.0,
+            seed=i,
+        )
         return time.perf_counter() - started, r.usage.completion_tokens
 
     one(0)  # warm-up
@@ -71,8 +95,13 @@ def arm(url: str, prompts: list[str], clients: int, n: int, max_tokens: int) -> 
     wall = time.perf_counter() - started
     latencies = sorted(r[0] for r in results)
     tokens = sum(r[1] for r in results)
-    return {"req/s": n / wall, "tok/s": tokens / wall, "p50": statistics.median(latencies),
-            "p95": latencies[int(0.95 * (len(latencies) - 1))], "tokens/req": tokens / n}
+    return {
+        "req/s": n / wall,
+        "tok/s": tokens / wall,
+        "p50": statistics.median(latencies),
+        "p95": latencies[int(0.95 * (len(latencies) - 1))],
+        "tokens/req": tokens / n,
+    }
 
 
 def hang_up(url: str, prompt: str, small: int = 8, repeats: int = 5) -> dict:
@@ -82,8 +111,11 @@ def hang_up(url: str, prompt: str, small: int = 8, repeats: int = 5) -> dict:
 
     def small_request() -> float:
         started = time.perf_counter()
-        httpx.post(f"{url}/v1/chat/completions", json={"messages": messages, "max_tokens": small, "temperature": 0},
-                   timeout=600).raise_for_status()
+        httpx.post(
+            f"{url}/v1/chat/completions",
+            json={"messages": messages, "max_tokens": small, "temperature": 0},
+            timeout=600,
+        ).raise_for_status()
         return time.perf_counter() - started
 
     alone = statistics.median(small_request() for _ in range(repeats))
@@ -116,23 +148,35 @@ print(" ".join(f"{x:.6f}" for x in out))
 def flood(url: str, prompt: str, n: int, max_tokens: int) -> dict:
     """`n` chat requests at once (one connection each) while another process polls /health every 50 ms
     (its own interpreter, so that the flood's client does not delay the poll it measures)."""
-    poller = subprocess.Popen([sys.executable, "-c", POLL, url], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              text=True)
+    poller = subprocess.Popen(
+        [sys.executable, "-c", POLL, url], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     time.sleep(0.5)  # it polls before the flood too
 
     async def run() -> tuple[list[int], float]:
         limits = httpx.Limits(max_connections=n + 8, max_keepalive_connections=0)
         async with httpx.AsyncClient(timeout=600, limits=limits) as client:
-            body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": 1.0}
+            body = {
+                "messages": [{"role": "user", "content": prompt}],
+                "max_tokens": max_tokens,
+                "temperature": 1.0,
+            }
             started = time.perf_counter()
-            answers = await asyncio.gather(*(client.post(f"{url}/v1/chat/completions", json={**body, "seed": i})
-                                             for i in range(n)))
+            answers = await asyncio.gather(
+                *(client.post(f"{url}/v1/chat/completions", json={**body, "seed": i}) for i in range(n))
+            )
             return [a.status_code for a in answers], time.perf_counter() - started
 
     codes, wall = asyncio.run(run())
     health = [float(x) for x in poller.communicate("")[0].split()]
-    return {"200": codes.count(200), "429": codes.count(429), "other": n - codes.count(200) - codes.count(429),
-            "health_max_s": max(health), "health_p50_s": statistics.median(health), "wall_s": wall}
+    return {
+        "200": codes.count(200),
+        "429": codes.count(429),
+        "other": n - codes.count(200) - codes.count(429),
+        "health_max_s": max(health),
+        "health_p50_s": statistics.median(health),
+        "wall_s": wall,
+    }
 
 
 def main() -> None:
@@ -147,31 +191,46 @@ def main() -> None:
     args = p.parse_args()
     prompts = [t.prompt for t in generate_tasks(8, 64, seed=1234)[1]]
     rows, abuse = {}, {}
-    arms = [("batched", 32, None), ("unbatched", 1, None)] + ([("old main", 32, args.old)] if args.old else [])
+    arms = [("batched", 32, None), ("unbatched", 1, None)] + (
+        [("old main", 32, args.old)] if args.old else []
+    )
     for label, max_batch, checkout in arms:
         proc, url = start(args.model, max_batch, args.threads, checkout)
         try:
             for c in args.clients:
                 rows[(label, c)] = arm(url, prompts, c, args.requests, args.max_tokens)
             if args.flood and max_batch > 1:
-                abuse[label] = {**hang_up(url, prompts[0]), **flood(url, prompts[1], args.flood, args.max_tokens)}
+                abuse[label] = {
+                    **hang_up(url, prompts[0]),
+                    **flood(url, prompts[1], args.flood, args.max_tokens),
+                }
         finally:
             proc.terminate()
             proc.wait(timeout=30)
     print(f"{'server':<10} {'clients':>7} {'req/s':>8} {'tok/s':>8} {'p50 s':>7} {'p95 s':>7} {'tok/req':>7}")
     for (label, c), r in rows.items():
-        print(f"{label:<10} {c:>7} {r['req/s']:>8.2f} {r['tok/s']:>8.1f} {r['p50']:>7.3f} {r['p95']:>7.3f} "
-              f"{r['tokens/req']:>7.1f}")
+        print(
+            f"{label:<10} {c:>7} {r['req/s']:>8.2f} {r['tok/s']:>8.1f} {r['p50']:>7.3f} {r['p95']:>7.3f} "
+            f"{r['tokens/req']:>7.1f}"
+        )
     for c in args.clients:
         b, u = rows[("batched", c)], rows[("unbatched", c)]
-        print(f"batched / unbatched at {c:>2} clients: {b['tok/s'] / u['tok/s']:.2f}x tokens/s"
-              + (f"; batched / old main: {b['tok/s'] / rows[('old main', c)]['tok/s']:.2f}x tokens/s, p50 "
-                 f"{b['p50'] / rows[('old main', c)]['p50']:.2f}x" if args.old else ""))
+        print(
+            f"batched / unbatched at {c:>2} clients: {b['tok/s'] / u['tok/s']:.2f}x tokens/s"
+            + (
+                f"; batched / old main: {b['tok/s'] / rows[('old main', c)]['tok/s']:.2f}x tokens/s, p50 "
+                f"{b['p50'] / rows[('old main', c)]['p50']:.2f}x"
+                if args.old
+                else ""
+            )
+        )
     for label, a in abuse.items():
-        print(f"{label}: small request alone {a['alone']:.3f} s, right after a hung-up long one "
-              f"{a['after_hang_up']:.3f} s ({a['after_hang_up'] / a['alone']:.2f}x); flood of {args.flood}: "
-              f"{a['200']} x 200, {a['429']} x 429, {a['other']} other in {a['wall_s']:.1f} s; /health p50 "
-              f"{a['health_p50_s'] * 1000:.1f} ms, slowest {a['health_max_s'] * 1000:.1f} ms")
+        print(
+            f"{label}: small request alone {a['alone']:.3f} s, right after a hung-up long one "
+            f"{a['after_hang_up']:.3f} s ({a['after_hang_up'] / a['alone']:.2f}x); flood of {args.flood}: "
+            f"{a['200']} x 200, {a['429']} x 429, {a['other']} other in {a['wall_s']:.1f} s; /health p50 "
+            f"{a['health_p50_s'] * 1000:.1f} ms, slowest {a['health_max_s'] * 1000:.1f} ms"
+        )
 
 
 if __name__ == "__main__":

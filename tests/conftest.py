@@ -25,8 +25,9 @@ def tiny_model_dir(tmp_path_factory, tasks):
     """A real Hugging Face model directory (tokenizer included) of a randomly initialised tiny Llama."""
     train, _ = tasks
     tokenizer = train_tokenizer([t.prompt + sft_completion(t) for t in train], vocab_size=320)
-    model = build_tiny_model(tokenizer, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,
-                             max_length=192, seed=0)
+    model = build_tiny_model(
+        tokenizer, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, max_length=192, seed=0
+    )
     return save_model(model, tokenizer, tmp_path_factory.mktemp("tiny") / "model")
 
 

@@ -12,16 +12,31 @@ from tempering.training.optim import make_optimizer, make_scheduler
 
 def save(root, step, parts, keep=3):
     model, tokenizer, opt, sched = parts
-    return ckpt.save_checkpoint(root, step, model=model, tokenizer=tokenizer, optimizer=opt, scheduler=sched,
-                                trainer_state={"sampler": {"epoch": 1, "position": step}}, config_yaml="a: 1\n",
-                                keep=keep)
+    return ckpt.save_checkpoint(
+        root,
+        step,
+        model=model,
+        tokenizer=tokenizer,
+        optimizer=opt,
+        scheduler=sched,
+        trainer_state={"sampler": {"epoch": 1, "position": step}},
+        config_yaml="a: 1\n",
+        keep=keep,
+    )
 
 
 def test_save_writes_the_layout_and_latest(tmp_path, parts):
     c = save(tmp_path, 4, parts)
     names = {p.name for p in c.path.iterdir()}
-    assert {"model", "optimizer.pt", "scheduler.pt", "rng.pt", "trainer_state.json", "config.yaml",
-            "MANIFEST.json"} <= names
+    assert {
+        "model",
+        "optimizer.pt",
+        "scheduler.pt",
+        "rng.pt",
+        "trainer_state.json",
+        "config.yaml",
+        "MANIFEST.json",
+    } <= names
     assert (tmp_path / "LATEST").read_text().strip() == "step_000004"
     assert ckpt.verify(c.path) is None
     assert json.loads((c.path / "trainer_state.json").read_text())["step"] == 4

@@ -22,8 +22,15 @@ from tests.helpers.runs import ROOT, kill_after_checkpoint, metrics, stable, tem
 
 def snap(step, parts):  # noqa: F811
     model, tokenizer, opt, sched = parts
-    return ckpt.snapshot(step, model=model, tokenizer=tokenizer, optimizer=opt, scheduler=sched,
-                         trainer_state={"sampler": {"epoch": 0, "position": step}}, config_yaml="a: 1\n")
+    return ckpt.snapshot(
+        step,
+        model=model,
+        tokenizer=tokenizer,
+        optimizer=opt,
+        scheduler=sched,
+        trainer_state={"sampler": {"epoch": 0, "position": step}},
+        config_yaml="a: 1\n",
+    )
 
 
 def test_retention_keeps_the_last_k_plus_every_mth(tmp_path, parts):  # noqa: F811
@@ -31,8 +38,12 @@ def test_retention_keeps_the_last_k_plus_every_mth(tmp_path, parts):  # noqa: F8
     for step in range(1, 11):
         saver.save(snap(step, parts))
     saver.close()
-    assert sorted(p.name for p in tmp_path.glob("step_*")) == ["step_000004", "step_000008", "step_000009",
-                                                                "step_000010"]
+    assert sorted(p.name for p in tmp_path.glob("step_*")) == [
+        "step_000004",
+        "step_000008",
+        "step_000009",
+        "step_000010",
+    ]
     assert ckpt.retained(10, [10, 9, 8], keep=1, keep_every=None) and not ckpt.retained(9, [10, 9], 1, None)
 
 
@@ -72,8 +83,8 @@ def test_a_partial_or_corrupt_remote_checkpoint_is_named_and_skipped(tmp_path, p
     for step in (1, 2):
         saver.save(snap(step, parts))
     saver.close()
-    remote.fs.pipe_file(remote._path("step_000002", "optimizer.pt"), b"garbage")   # corrupt
-    remote.fs.pipe_file(remote._path("step_000003", "rng.pt"), b"half an upload")   # partial: no manifest
+    remote.fs.pipe_file(remote._path("step_000002", "optimizer.pt"), b"garbage")  # corrupt
+    remote.fs.pipe_file(remote._path("step_000003", "rng.pt"), b"half an upload")  # partial: no manifest
     notes = []
     got = ckpt.resume_point(tmp_path / "empty", remote, log=notes.append)
     assert got.step == 1
@@ -90,8 +101,10 @@ def test_a_remote_manifest_naming_a_path_outside_the_checkpoint_is_refused(tmp_p
     name = "step_000002"
     remote.fs.pipe_file(remote._path(name, "../../../escaped.txt"), b"payload")
     for rel in ("../../../escaped.txt", "/tmp/absolute.txt"):
-        remote.fs.pipe_file(remote._path(name, "MANIFEST.json"),
-                            json.dumps({"files": {rel: {"size": 7, "sha256": "0" * 64}}}).encode())
+        remote.fs.pipe_file(
+            remote._path(name, "MANIFEST.json"),
+            json.dumps({"files": {rel: {"size": 7, "sha256": "0" * 64}}}).encode(),
+        )
         local = tmp_path / "fresh" / "checkpoints"
         local.mkdir(parents=True, exist_ok=True)
         path, why = remote.download(2, local)
@@ -102,9 +115,15 @@ def test_a_remote_manifest_naming_a_path_outside_the_checkpoint_is_refused(tmp_p
     assert any("step_000002" in n and "outside" in n for n in notes)
 
 
-REMOTE_WRONG_MANIFESTS = {"a list": b"[]", "files null": b'{"files": null}', "files a list": b'{"files": ["rng.pt"]}',
-                          "an entry not a mapping": b'{"files": {"x": 5}}', "not JSON": b"<Error>NoSuchKey</Error>",
-                          "not UTF-8": b"\x89PNG\r\n\x1a\n\xff", "no files at all": b'{"files": {}}'}
+REMOTE_WRONG_MANIFESTS = {
+    "a list": b"[]",
+    "files null": b'{"files": null}',
+    "files a list": b'{"files": ["rng.pt"]}',
+    "an entry not a mapping": b'{"files": {"x": 5}}',
+    "not JSON": b"<Error>NoSuchKey</Error>",
+    "not UTF-8": b"\x89PNG\r\n\x1a\n\xff",
+    "no files at all": b'{"files": {}}',
+}
 
 
 @pytest.mark.parametrize("store", ["memory", pytest.param("s3", marks=pytest.mark.s3)])
@@ -113,8 +132,12 @@ def test_a_remote_manifest_of_any_wrong_shape_is_named_and_skipped(tmp_path, par
     takes the one before), never a traceback."""
     if store == "s3":
         endpoint = request.getfixturevalue("s3_server")
-        remote = ckpt.RemoteStore("s3://tempering-ckpt/shapes", {"endpoint_url": endpoint, "key": "test",
-                                  "secret": "test", "region": "us-east-1"}, retries=0, backoff_s=0.01)
+        remote = ckpt.RemoteStore(
+            "s3://tempering-ckpt/shapes",
+            {"endpoint_url": endpoint, "key": "test", "secret": "test", "region": "us-east-1"},
+            retries=0,
+            backoff_s=0.01,
+        )
     else:
         remote = ckpt.RemoteStore("memory://runs/shapes", retries=0, backoff_s=0.01)
     saver = ckpt.Saver(tmp_path / "local", keep=5, remote=remote, asynchronous=False)
@@ -196,8 +219,13 @@ def s3_server():
 
 
 def s3_overrides(endpoint, prefix):
-    return [f"checkpoint.uri=s3://tempering-ckpt/{prefix}", f"checkpoint.storage.endpoint_url={endpoint}",
-            "checkpoint.storage.key=test", "checkpoint.storage.secret=test", "checkpoint.storage.region=us-east-1"]
+    return [
+        f"checkpoint.uri=s3://tempering-ckpt/{prefix}",
+        f"checkpoint.storage.endpoint_url={endpoint}",
+        "checkpoint.storage.key=test",
+        "checkpoint.storage.secret=test",
+        "checkpoint.storage.region=us-east-1",
+    ]
 
 
 @pytest.mark.slow
@@ -207,9 +235,12 @@ def test_s3_mirror_and_resume_from_s3_after_losing_the_disk(s3_server, tmp_path)
     tempering("train", "configs/smoke.yaml", f"run.dir={reference}")
     run_dir = tmp_path / "s3run"
     extra = s3_overrides(s3_server, "run1")
-    proc = subprocess.Popen([sys.executable, "-m", "tempering.cli", "train", "configs/smoke.yaml",
-                             f"run.dir={run_dir}", *extra], cwd=ROOT, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tempering.cli", "train", "configs/smoke.yaml", f"run.dir={run_dir}", *extra],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     import s3fs
 
     fs = s3fs.S3FileSystem(key="test", secret="test", endpoint_url=s3_server)
@@ -234,9 +265,13 @@ def test_sigterm_saves_exits_zero_and_the_same_command_resumes(tmp_path):
     reference = tmp_path / "ref"
     tempering("train", "configs/smoke.yaml", f"run.dir={reference}")
     run_dir = tmp_path / "preempted"
-    proc = subprocess.Popen([sys.executable, "-m", "tempering.cli", "train", "configs/smoke.yaml",
-                             f"run.dir={run_dir}"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tempering.cli", "train", "configs/smoke.yaml", f"run.dir={run_dir}"],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     rows = run_dir / "metrics.jsonl"
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and proc.poll() is None:
@@ -299,7 +334,9 @@ def test_a_resume_that_fails_leaves_config_yaml_and_its_history_untouched(tmp_pa
     run_dir = tmp_path / "run"
     train_tiny(run_dir, "train.steps=2")
     newest = run_dir / "checkpoints" / "step_000002"
-    (newest / "config.yaml").write_text((newest / "config.yaml").read_text().replace("lr: 0.0001", "lr: 0.0005", 1))
+    (newest / "config.yaml").write_text(
+        (newest / "config.yaml").read_text().replace("lr: 0.0001", "lr: 0.0005", 1)
+    )
     write_manifest(newest)
     before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
     proc = train_tiny(run_dir, "train.steps=3", check=False)
@@ -317,8 +354,9 @@ def small_disk(tmp_path):
     """A 32 MiB tmpfs of its own (a tiny run needs about 5), so the test can fill it."""
     disk = tmp_path / "disk"
     disk.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs", str(disk)], capture_output=True,
-                             text=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs", str(disk)], capture_output=True, text=True
+    )
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here (needs root or CAP_SYS_ADMIN): {mounted.stderr.strip()}")
     yield disk
@@ -350,14 +388,23 @@ def train_here(run_dir) -> int:
     from tempering.cli import main
     from tests.helpers.runs import TINY
 
-    return main(["train", str(ROOT / "configs" / "smoke.yaml"), f"run.dir={run_dir}", *TINY, "train.steps=4",
-                 "checkpoint.async_save=false"])
+    return main(
+        [
+            "train",
+            str(ROOT / "configs" / "smoke.yaml"),
+            f"run.dir={run_dir}",
+            *TINY,
+            "train.steps=4",
+            "checkpoint.async_save=false",
+        ]
+    )
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("leave_kib", [256, 1024], ids=["the model's safetensors fail", "torch.save fails"])
-def test_a_full_disk_fails_each_checkpoint_with_one_warning_and_training_goes_on(small_disk, monkeypatch, capsys,
-                                                                               leave_kib):
+def test_a_full_disk_fails_each_checkpoint_with_one_warning_and_training_goes_on(
+    small_disk, monkeypatch, capsys, leave_kib
+):
     """Room for rows, none for a checkpoint: steps 3 and 4 are trained and logged, each save says the disk is
     full (torch alone says "unexpected pos"); the run ends with one line, as the evaluation after RL needs the
     final checkpoint; LATEST still names step 2, from which the same command finishes the run exactly."""
@@ -369,14 +416,19 @@ def test_a_full_disk_fails_each_checkpoint_with_one_warning_and_training_goes_on
     warnings = [line for line in err.splitlines() if "not saved" in line and not line.startswith("error:")]
     assert len(warnings) == 2, err
     for step, line in zip((3, 4), warnings):
-        assert re.fullmatch(rf"checkpoint step {step} not saved: the disk is full at {re.escape(str(where))} "
-                            r"\([0-9.]+ MiB free\); LATEST still names step_000002", line), line
+        assert re.fullmatch(
+            rf"checkpoint step {step} not saved: the disk is full at {re.escape(str(where))} "
+            r"\([0-9.]+ MiB free\); LATEST still names step_000002",
+            line,
+        ), line
     assert "Traceback" not in err and "unexpected pos" not in err
     [error] = [line for line in err.splitlines() if line.startswith("error:")]
     assert "the disk is full" in error and "final checkpoint" in error
     rows = metrics(run_dir)
     assert [r["step"] for r in rows] == [1, 2, 3, 4]  # training went on
-    assert (where / "LATEST").read_text().strip() == "step_000002" and ckpt.verify(where / "step_000002") is None
+    assert (where / "LATEST").read_text().strip() == "step_000002" and ckpt.verify(
+        where / "step_000002"
+    ) is None
     assert not list(where.glob("*.tmp"))  # the half checkpoints gave their space back
     (small_disk / "filler").unlink()
     assert train_here(run_dir) == 0
@@ -394,7 +446,9 @@ def test_a_full_disk_under_the_metrics_stops_the_run_with_one_error_line(small_d
     assert "Traceback" not in err
     [error] = [line for line in err.splitlines() if line.startswith("error:")]
     assert error.startswith(f"error: disk full writing {run_dir}/"), error
-    assert (where / "LATEST").read_text().strip() == "step_000002" and ckpt.verify(where / "step_000002") is None
+    assert (where / "LATEST").read_text().strip() == "step_000002" and ckpt.verify(
+        where / "step_000002"
+    ) is None
     rows = read_metrics(run_dir / "metrics.jsonl")[:2]
     (small_disk / "filler").unlink()
     assert train_here(run_dir) == 0

@@ -14,20 +14,32 @@ REPAIR = ["repair", "no-such-model", "--tasks", "humaneval"]
 EVAL = ["eval", "no-such-model", "--tasks", "humaneval"]
 
 BAD = [
-    (REPAIR + ["--repairs", "-1"], "--repairs"), (REPAIR + ["--limit", "0"], "--limit"),
-    (REPAIR + ["--temperature", "nan"], "--temperature"), (REPAIR + ["--temperature", "-1"], "--temperature"),
-    (REPAIR + ["--max-tokens", "0"], "--max-tokens"), (REPAIR + ["--feedback-chars", "-5"], "--feedback-chars"),
-    (REPAIR + ["--concurrency", "0"], "--concurrency"), (REPAIR + ["--metrics-port", "99999"], "--metrics-port"),
-    (REPAIR + ["--threads", "0"], "--threads"), (REPAIR + ["--max-context", "0"], "--max-context"),
-    (EVAL + ["--k", "0"], "--k"), (EVAL + ["--k", "1,-2"], "--k"), (EVAL + ["--k", "one"], "--k"),
-    (EVAL + ["--samples", "0"], "--samples"), (EVAL + ["--limit", "-1"], "--limit"),
-    (EVAL + ["--temperature", "inf"], "--temperature"), (EVAL + ["--max-new-tokens", "0"], "--max-new-tokens"),
-    (EVAL + ["--turns", "0"], "--turns"), (EVAL + ["--max-context", "-1"], "--max-context"),
+    (REPAIR + ["--repairs", "-1"], "--repairs"),
+    (REPAIR + ["--limit", "0"], "--limit"),
+    (REPAIR + ["--temperature", "nan"], "--temperature"),
+    (REPAIR + ["--temperature", "-1"], "--temperature"),
+    (REPAIR + ["--max-tokens", "0"], "--max-tokens"),
+    (REPAIR + ["--feedback-chars", "-5"], "--feedback-chars"),
+    (REPAIR + ["--concurrency", "0"], "--concurrency"),
+    (REPAIR + ["--metrics-port", "99999"], "--metrics-port"),
+    (REPAIR + ["--threads", "0"], "--threads"),
+    (REPAIR + ["--max-context", "0"], "--max-context"),
+    (EVAL + ["--k", "0"], "--k"),
+    (EVAL + ["--k", "1,-2"], "--k"),
+    (EVAL + ["--k", "one"], "--k"),
+    (EVAL + ["--samples", "0"], "--samples"),
+    (EVAL + ["--limit", "-1"], "--limit"),
+    (EVAL + ["--temperature", "inf"], "--temperature"),
+    (EVAL + ["--max-new-tokens", "0"], "--max-new-tokens"),
+    (EVAL + ["--turns", "0"], "--turns"),
+    (EVAL + ["--max-context", "-1"], "--max-context"),
     (EVAL + ["--threads", "0"], "--threads"),
     (["sandbox", "serve", "--max-timeout-s", "-1"], "--max-timeout-s"),
     (["sandbox", "serve", "--max-timeout-s", "nan"], "--max-timeout-s"),
-    (["sandbox", "serve", "--port", "99999"], "--port"), (["sandbox", "serve", "--port", "0"], "--port"),
-    (["sandbox", "serve", "--workers", "0"], "--workers"), (["sandbox", "serve", "--max-pending", "0"], "--max-pending"),
+    (["sandbox", "serve", "--port", "99999"], "--port"),
+    (["sandbox", "serve", "--port", "0"], "--port"),
+    (["sandbox", "serve", "--workers", "0"], "--workers"),
+    (["sandbox", "serve", "--max-pending", "0"], "--max-pending"),
     (["sandbox", "serve", "--client-pending", "-1"], "--client-pending"),
     (["sandbox", "serve", "--client-concurrency", "0"], "--client-concurrency"),
     (["sandbox", "serve", "--max-request-mb", "0"], "--max-request-mb"),
@@ -41,6 +53,7 @@ BAD = [
 @pytest.fixture()
 def nothing_starts(monkeypatch):
     """A command that got past its arguments fails the test at once (instead of loading or serving)."""
+
     def started(*args, **kwargs):
         raise AssertionError("the command started working")
 
@@ -68,8 +81,13 @@ def test_values_in_range_are_parsed():
 
 def test_the_command_line_gets_the_one_line_error():
     """End to end: the sandbox service is never started (it would serve until killed)."""
-    done = subprocess.run([sys.executable, "-m", "tempering.cli", "sandbox", "serve", "--max-timeout-s", "-1"],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "tempering.cli", "sandbox", "serve", "--max-timeout-s", "-1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2 and done.stdout == ""
-    assert done.stderr == ("error: tempering sandbox serve: argument --max-timeout-s: "
-                           "expected a finite number > 0, not '-1'\n")
+    assert done.stderr == (
+        "error: tempering sandbox serve: argument --max-timeout-s: expected a finite number > 0, not '-1'\n"
+    )

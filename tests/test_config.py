@@ -28,7 +28,9 @@ def test_unknown_key_in_override_names_it_and_lists_valid_keys():
 
 
 def test_unknown_section_and_file_key(tmp_path):
-    with pytest.raises(ConfigError, match="unknown config key 'trainer'.*valid keys under the top level: run"):
+    with pytest.raises(
+        ConfigError, match="unknown config key 'trainer'.*valid keys under the top level: run"
+    ):
         build_config({}, ["trainer.steps=3"])
     path = tmp_path / "c.yaml"
     path.write_text("rollout:\n  group_sise: 4\n")
@@ -79,22 +81,44 @@ def test_yaml_round_trip(tmp_path):
 # Each of these was accepted at load time and failed minutes later (after SFT and the held-out evaluation),
 # or was silently ignored. Each must now fail in load_config with a message that starts with / names the key.
 BAD_VALUES = [
-    ({"reward": {"params": {"tests": {"edge_wieght": 2.0}}}}, "reward.params.tests: unknown parameter(s) edge_wieght"),
-    ({"reward": {"params": {"overlong": {"max_tokens": 8}}}}, "reward.params: overlong not in reward.weights"),
-    ({"reward": {"weights": {"overlong": 1.0}, "params": {"overlong": {"max_token": 8}}}},
-     "reward.params.overlong: unknown parameter(s) max_token; accepted: max_tokens, cache_tokens"),
-    ({"reward": {"weights": {"tempering.rewards:tests_passed": 1.0},
-                 "params": {"tempering.rewards:tests_passed": {"edge": 2}}}},
-     "reward.params.tempering.rewards:tests_passed: unknown parameter(s) edge"),
+    (
+        {"reward": {"params": {"tests": {"edge_wieght": 2.0}}}},
+        "reward.params.tests: unknown parameter(s) edge_wieght",
+    ),
+    (
+        {"reward": {"params": {"overlong": {"max_tokens": 8}}}},
+        "reward.params: overlong not in reward.weights",
+    ),
+    (
+        {"reward": {"weights": {"overlong": 1.0}, "params": {"overlong": {"max_token": 8}}}},
+        "reward.params.overlong: unknown parameter(s) max_token; accepted: max_tokens, cache_tokens",
+    ),
+    (
+        {
+            "reward": {
+                "weights": {"tempering.rewards:tests_passed": 1.0},
+                "params": {"tempering.rewards:tests_passed": {"edge": 2}},
+            }
+        },
+        "reward.params.tempering.rewards:tests_passed: unknown parameter(s) edge",
+    ),
     ({"reward": {"weights": {}}}, "reward.weights: empty"),
     ({"reward": {"guard_kinds": ["always_equals"]}}, "reward.guard_kinds: unknown guard(s) always_equals"),
-    ({"algo": {"estimator": "no_such_pkg.adv:fn"}}, "algo.estimator: advantage estimator 'no_such_pkg.adv:fn': "
-                                                    "cannot import module"),
+    (
+        {"algo": {"estimator": "no_such_pkg.adv:fn"}},
+        "algo.estimator: advantage estimator 'no_such_pkg.adv:fn': cannot import module",
+    ),
     ({"algo": {"estimator": "tempering.algos.advantages:nope"}}, "algo.estimator: .* has no callable 'nope'"),
     ({"algo": {"estimator": "os:getcwd"}}, "algo.estimator: advantage estimator 'os:getcwd' cannot take"),
-    ({"algo": {"policy_loss": "tempering.rewards:tests_passed"}}, "algo.policy_loss: policy loss .* cannot take"),
+    (
+        {"algo": {"policy_loss": "tempering.rewards:tests_passed"}},
+        "algo.policy_loss: policy loss .* cannot take",
+    ),
     ({"reward": {"weights": {"no_such_pkg:fn": 1.0}}}, "reward.weights.no_such_pkg:fn: reward component"),
-    ({"reward": {"weights": {"os:getcwd": 1.0}}}, "reward.weights.os:getcwd: reward component 'os:getcwd' cannot"),
+    (
+        {"reward": {"weights": {"os:getcwd": 1.0}}},
+        "reward.weights.os:getcwd: reward component 'os:getcwd' cannot",
+    ),
     ({"reward": {"weights": {"trl:os:getcwd": 1.0}}}, "reward.weights.trl:os:getcwd: TRL reward function"),
     ({"reward": {"step_fn": "no_such_pkg:fn"}}, "reward.step_fn: step reward function 'no_such_pkg:fn'"),
     ({"reward": {"step_fn": "os:getcwd"}}, "reward.step_fn: step reward function 'os:getcwd' cannot take"),
@@ -105,8 +129,10 @@ BAD_VALUES = [
     ({"algo": {"clip_ratio_c": 0.5}}, "'algo.clip_ratio_c'"),
     ({"rollout": {"prompts_per_step": 0}}, "'rollout.prompts_per_step'"),
     ({"env": {"max_context": -1}}, "'env.max_context'"),
-    ({"reward": {"weights": {"improvement": 1.0}, "params": {"improvement": {"x": 1}}}},
-     "reward.params.improvement: an environment component takes no params"),
+    (
+        {"reward": {"weights": {"improvement": 1.0}, "params": {"improvement": {"x": 1}}}},
+        "reward.params.improvement: an environment component takes no params",
+    ),
     ({"env": {"options": {"flaky_failure_rat": 0.5}}}, "'env.options.flaky_failure_rat'.*flaky_failure_rate"),
     ({"env": {"options": {"flaky_failure_rate": 1.5}}}, "'env.options.flaky_failure_rate'"),
     # The audit: sizes that must be positive, probabilities and fractions in [0, 1], cross-field rules.
@@ -131,7 +157,10 @@ BAD_VALUES = [
     ({"sft": {"repair_fraction": 1.5}}, "'sft.repair_fraction'"),
     ({"data": {"num_heldout": 0}}, "'data.num_heldout'"),
     ({"data": {"sft_fraction": 0}}, "'data.sft_fraction'"),
-    ({"model": {"hidden_size": 30, "num_heads": 4}}, "model.hidden_size: 30 is not divisible by model.num_heads"),
+    (
+        {"model": {"hidden_size": 30, "num_heads": 4}},
+        "model.hidden_size: 30 is not divisible by model.num_heads",
+    ),
     ({"model": {"num_layers": 0}}, "'model.num_layers'"),
     ({"run": {"threads": 0}}, "'run.threads'"),
     ({"env": {"max_turns": 0}}, "'env.max_turns'"),
@@ -151,19 +180,31 @@ BAD_VALUES = [
     ({"tracking": {"samples_every": -1}}, "'tracking.samples_every'"),
     ({"rollout": {"shards": 5, "prompts_per_step": 4}}, "rollout.shards: 5 shards of 4 prompts"),
     ({"rollout": {"max_staleness": -1}}, "'rollout.max_staleness'"),
-    ({"rollout": {"max_staleness": 1}, "algo": {"dynamic_sampling": True}}, "rollout.max_staleness: asynchronous"),
+    (
+        {"rollout": {"max_staleness": 1}, "algo": {"dynamic_sampling": True}},
+        "rollout.max_staleness: asynchronous",
+    ),
     ({"rollout": {"engine": "vllm"}, "distributed": {"backend": "ray"}}, "distributed.backend: 'ray' with"),
     ({"algo": {"correction": "is"}}, "'algo.correction'"),
     ({"algo": {"correction_cap": 0}}, "'algo.correction_cap'"),
     ({"distributed": {"backend": "dask"}}, "'distributed.backend'"),
-    ({"rollout": {"workers": 3, "max_workers": 2}}, "rollout.workers: 3 is outside [min_workers 3, max_workers 2]"),
+    (
+        {"rollout": {"workers": 3, "max_workers": 2}},
+        "rollout.workers: 3 is outside [min_workers 3, max_workers 2]",
+    ),
     ({"distributed": {"trainers": 2}}, "distributed.trainers: 2 data-parallel trainers run as Ray actors"),
     ({"distributed": {"trainers": 0}}, "'distributed.trainers'"),
     ({"reward": {"params": {"tests": {"partial": "sometimes"}}}}, "reward.params.tests.partial: 'sometimes'"),
     ({"data": {"pass_range": [0.6, 0.2]}}, "data.pass_range: [0.6, 0.2] is not a range within [0, 1]"),
     ({"data": {"templates": ["add", "nope"]}}, "data.templates: unknown template(s) ['nope']"),
-    ({"data": {"generator": "leetcode", "describe": True}}, "data.describe: applies to the built-in code generator"),
-    ({"eval": {"benchmarks": ["humaneval", "mbpp"]}}, "eval.benchmarks: unknown task set 'mbpp'; valid: humaneval"),
+    (
+        {"data": {"generator": "leetcode", "describe": True}},
+        "data.describe: applies to the built-in code generator",
+    ),
+    (
+        {"eval": {"benchmarks": ["humaneval", "mbpp"]}},
+        "eval.benchmarks: unknown task set 'mbpp'; valid: humaneval",
+    ),
 ]
 
 
@@ -181,14 +222,26 @@ def test_bad_value_fails_at_load_time_naming_the_key(tree, message):
 
 def test_user_functions_that_fit_are_accepted():
     """`package.module:function` names that import and take the run's call pass (checked, not just parsed)."""
-    cfg = build_config({
-        "algo": {"estimator": "tempering.algos.advantages:grpo", "policy_loss": "tempering.algos.losses:vanilla_pg_loss"},
-        "reward": {"weights": {"tempering.rewards:tests_passed": 1.0, "overlong": 0.5, "tool_error": -0.5},
-                   "params": {"tempering.rewards:tests_passed": {"edge_weight": 2.0}, "overlong": {"max_tokens": 8}},
-                   "step_fn": "tests.test_config:step_scores"},
-        "env": {"options": {"flaky_failure_rate": 0.25}},
-    })
-    assert cfg.env.options.flaky_failure_rate == 0.25 and cfg.reward.step_fn == "tests.test_config:step_scores"
+    cfg = build_config(
+        {
+            "algo": {
+                "estimator": "tempering.algos.advantages:grpo",
+                "policy_loss": "tempering.algos.losses:vanilla_pg_loss",
+            },
+            "reward": {
+                "weights": {"tempering.rewards:tests_passed": 1.0, "overlong": 0.5, "tool_error": -0.5},
+                "params": {
+                    "tempering.rewards:tests_passed": {"edge_weight": 2.0},
+                    "overlong": {"max_tokens": 8},
+                },
+                "step_fn": "tests.test_config:step_scores",
+            },
+            "env": {"options": {"flaky_failure_rate": 0.25}},
+        }
+    )
+    assert (
+        cfg.env.options.flaky_failure_rate == 0.25 and cfg.reward.step_fn == "tests.test_config:step_scores"
+    )
 
 
 def step_scores(task, steps):
@@ -212,8 +265,9 @@ def test_every_shipped_recipe_loads():
         load_config(path)
 
 
-@pytest.mark.parametrize("override", ["sandbox.timeout_s=.inf", "sandbox.cpu_s=.nan", "algo.lr=nan",
-                                      "train.max_time_s=inf"])
+@pytest.mark.parametrize(
+    "override", ["sandbox.timeout_s=.inf", "sandbox.cpu_s=.nan", "algo.lr=nan", "train.max_time_s=inf"]
+)
 def test_a_nan_or_infinite_value_is_a_config_error_naming_the_key(override):
     """A NaN deadline reached the sandbox's wait (an HTTP 500 there, a refused execution here) only at the
     first step; it is refused when the config loads."""

@@ -26,10 +26,25 @@ def test_no_record_or_same_config_is_no_change(tmp_path):
 
 
 def test_mutable_keys_change_freely_and_are_listed():
-    for key in ("train.steps", "train.max_time_s", "run.threads", "run.dir", "checkpoint.every", "tracking.progress",
-                "checkpoint.storage.key", "sandbox.workers"):
+    for key in (
+        "train.steps",
+        "train.max_time_s",
+        "run.threads",
+        "run.dir",
+        "checkpoint.every",
+        "tracking.progress",
+        "checkpoint.storage.key",
+        "sandbox.workers",
+    ):
         assert ch.is_mutable(key), key
-    for key in ("algo.lr", "trainer.steps", "run.seed", "rollout.group_size", "reward.weights.tests", "sandbox.memory_mb"):
+    for key in (
+        "algo.lr",
+        "trainer.steps",
+        "run.seed",
+        "rollout.group_size",
+        "reward.weights.tests",
+        "sandbox.memory_mb",
+    ):
         assert not ch.is_mutable(key), key
 
 
@@ -45,7 +60,9 @@ def test_more_steps_is_allowed_and_recorded(tmp_path):
 def test_other_change_is_refused_on_one_line_naming_the_keys(tmp_path):
     run_dir, _ = _run_dir(tmp_path)
     before = sorted(p.name for p in run_dir.iterdir())
-    cfg = build_config({}, [f"run.dir={run_dir}", "algo.lr=5e-4", "reward.weights={tests: 1.0}", "train.steps=9"])
+    cfg = build_config(
+        {}, [f"run.dir={run_dir}", "algo.lr=5e-4", "reward.weights={tests: 1.0}", "train.steps=9"]
+    )
     with pytest.raises(ConfigError) as e:
         ch.check_resume(run_dir, cfg, allow=False)
     msg = str(e.value)

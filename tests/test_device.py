@@ -48,9 +48,15 @@ def test_train_on_cuda_without_one_fails_before_any_work(tmp_path):
 
 
 def test_batch_to_moves_every_tensor_and_keeps_none():
-    b = RolloutBatch(prompt_ids=torch.ones(2, 3, dtype=torch.long), prompt_mask=torch.ones(2, 3),
-                     response_ids=torch.ones(2, 4, dtype=torch.long), response_mask=torch.ones(2, 4),
-                     old_logprobs=torch.zeros(2, 4), rewards=torch.zeros(2), group_ids=torch.zeros(2))
+    b = RolloutBatch(
+        prompt_ids=torch.ones(2, 3, dtype=torch.long),
+        prompt_mask=torch.ones(2, 3),
+        response_ids=torch.ones(2, 4, dtype=torch.long),
+        response_mask=torch.ones(2, 4),
+        old_logprobs=torch.zeros(2, 4),
+        rewards=torch.zeros(2),
+        group_ids=torch.zeros(2),
+    )
     moved = b.to("meta")
     assert all(getattr(moved, n).device.type == "meta" for n in ("prompt_ids", "response_mask", "group_ids"))
     assert moved.advantages is None and moved.values is None

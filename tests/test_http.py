@@ -57,8 +57,9 @@ def busy_server():
 
 def test_the_http_engine_waits_out_a_busy_server(busy_server, tiny_model_dir):
     """A 429 from a loaded `tempering serve` is retried with backoff, not the end of an evaluation."""
-    engine = make_engine(busy_server, load_tokenizer(tiny_model_dir), SamplingParams(1.0, 1.0, 2), kind="http",
-                         backoff_s=0.01)
+    engine = make_engine(
+        busy_server, load_tokenizer(tiny_model_dir), SamplingParams(1.0, 1.0, 2), kind="http", backoff_s=0.01
+    )
     gen = engine.generate([[1, 2, 3]])
     assert gen.response_ids[0].tolist()[:2] == [5, 6] and Busy.seen == ["/v1/completions"] * 3
     Busy.seen, Busy.busy = [], 9  # busy beyond the retries: one line naming the status
@@ -76,14 +77,25 @@ def test_the_retrying_client_says_why_no_answer_came():
 
 def test_the_services_serve_and_the_http_engine_share_one_http_module():
     """Token, loopback check, admission, guard and retrying client live in `tempering/http.py` only."""
-    users = ["sandbox/service.py", "sandbox/app.py", "agent/server.py", "agent/commands.py", "inference/remote.py"]
+    users = [
+        "sandbox/service.py",
+        "sandbox/app.py",
+        "agent/server.py",
+        "agent/commands.py",
+        "inference/remote.py",
+    ]
     for rel in users:
         tree = ast.parse((SRC / rel).read_text())
         imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
         assert "tempering.http" in imported, rel
-        assert not {"tempering.sandbox.app", "tempering.sandbox.service"} & imported or rel.startswith("sandbox"), rel
+        assert not {"tempering.sandbox.app", "tempering.sandbox.service"} & imported or rel.startswith(
+            "sandbox"
+        ), rel
     shared = {"Admission", "Guard", "RetryingClient", "read_token", "is_loopback"}
     for path in SRC.rglob("*.py"):
-        defined = {n.name for n in ast.walk(ast.parse(path.read_text()))
-                   if isinstance(n, ast.ClassDef | ast.FunctionDef)}
+        defined = {
+            n.name
+            for n in ast.walk(ast.parse(path.read_text()))
+            if isinstance(n, ast.ClassDef | ast.FunctionDef)
+        }
         assert path.name == "http.py" or not shared & defined, path

@@ -20,8 +20,13 @@ PACKAGE = SRC / "tempering"
 ACYCLIC = None
 """Packages whose files may lie on no import cycle (None: every file of tempering)."""
 """Sub-packages none of whose files may lie on an import cycle (to become every file of tempering)."""
-LEAVES = {"errors.py": {"errors.py"}, "types.py": {"errors.py"}, "registry.py": {"errors.py", "types.py"},
-          "config.py": {"errors.py", "config_sections.py"}, "config_sections.py": set()}
+LEAVES = {
+    "errors.py": {"errors.py"},
+    "types.py": {"errors.py"},
+    "registry.py": {"errors.py", "types.py"},
+    "config.py": {"errors.py", "config_sections.py"},
+    "config_sections.py": set(),
+}
 """Leaf module -> the only tempering files it may import."""
 PURE = "algos"
 PURE_EXTERNAL = {"torch", "__future__", *sys.stdlib_module_names}
@@ -46,7 +51,9 @@ def module_file(module: str) -> str | None:
     if parts[0] != "tempering":
         return None
     base = PACKAGE.joinpath(*parts[1:])
-    candidates = [base / "__init__.py"] if len(parts) == 1 else [base.with_suffix(".py"), base / "__init__.py"]
+    candidates = (
+        [base / "__init__.py"] if len(parts) == 1 else [base.with_suffix(".py"), base / "__init__.py"]
+    )
     return next((p.relative_to(PACKAGE).as_posix() for p in candidates if p.is_file()), None)
 
 
@@ -57,7 +64,10 @@ def _import_nodes(tree: ast.AST):
 
 def imports_of(path: Path) -> list[Import]:
     rel = path.relative_to(PACKAGE).as_posix()
-    package = ["tempering", *path.relative_to(PACKAGE).parent.parts]  # the package `from . import` is relative to
+    package = [
+        "tempering",
+        *path.relative_to(PACKAGE).parent.parts,
+    ]  # the package `from . import` is relative to
     found: list[Import] = []
     for node in _import_nodes(ast.parse(path.read_text(), filename=str(path))):
         if isinstance(node, ast.Import):
@@ -76,7 +86,9 @@ def all_imports() -> list[Import]:
     return [i for path in sorted(PACKAGE.rglob("*.py")) for i in imports_of(path)]
 
 
-def cycles(edges: dict[str, dict[str, int]], through: Callable[[str], bool] = lambda f: True) -> list[list[str]]:
+def cycles(
+    edges: dict[str, dict[str, int]], through: Callable[[str], bool] = lambda f: True
+) -> list[list[str]]:
     """One cycle (first file repeated at the end) per strongly connected component that has one and has a
     file for which `through` is true; the cycle passes through that file."""
     index: dict[str, int] = {}
@@ -161,7 +173,9 @@ def package_of(file: str) -> str:
 def test_no_import_cycle_between_files():
     edges = graph(all_imports())
     found = [describe(c, edges) for c in cycles(edges, through=in_acyclic)]
-    assert not found, "import cycles between files (move the shared piece into a lower module):\n" + "\n".join(found)
+    assert not found, (
+        "import cycles between files (move the shared piece into a lower module):\n" + "\n".join(found)
+    )
 
 
 def test_no_import_cycle_between_packages():
@@ -178,8 +192,11 @@ def test_no_import_cycle_between_packages():
 
 
 def test_leaf_modules_import_only_leaves():
-    bad = [f"{i.source}:{i.line} imports {i.module}" for i in all_imports()
-           if i.source in LEAVES and i.module.split(".")[0] == "tempering" and i.target not in LEAVES[i.source]]
+    bad = [
+        f"{i.source}:{i.line} imports {i.module}"
+        for i in all_imports()
+        if i.source in LEAVES and i.module.split(".")[0] == "tempering" and i.target not in LEAVES[i.source]
+    ]
     assert not bad, "leaf modules must not import the rest of tempering:\n" + "\n".join(bad)
 
 
@@ -195,14 +212,22 @@ def test_pure_math_imports_only_torch_and_stdlib():
             ok = top in PURE_EXTERNAL
         if not ok:
             bad.append(f"{i.source}:{i.line} imports {i.module}")
-    assert not bad, f"{PURE}/ may import only torch, the standard library and tempering.errors/registry:\n" + "\n".join(bad)
+    assert not bad, (
+        f"{PURE}/ may import only torch, the standard library and tempering.errors/registry:\n"
+        + "\n".join(bad)
+    )
 
 
 # ------------------------------------------------------------------------------------- the checker itself
 
 
 def test_checker_finds_a_cycle_and_names_it():
-    edges = {"a/x.py": {"a/y.py": 3}, "a/y.py": {"a/z.py": 5}, "a/z.py": {"a/x.py": 7}, "a/w.py": {"a/x.py": 1}}
+    edges = {
+        "a/x.py": {"a/y.py": 3},
+        "a/y.py": {"a/z.py": 5},
+        "a/z.py": {"a/x.py": 7},
+        "a/w.py": {"a/x.py": 1},
+    }
     (cycle,) = cycles(edges)
     assert cycle == ["a/x.py", "a/y.py", "a/z.py", "a/x.py"]
     assert describe(cycle, edges) == "a/x.py (line 3) -> a/y.py (line 5) -> a/z.py (line 7) -> a/x.py"
@@ -219,7 +244,8 @@ def test_checker_reads_deferred_relative_and_type_checking_imports(tmp_path, mon
     (pkg / "p/a.py").write_text(
         "from typing import TYPE_CHECKING\n"
         "if TYPE_CHECKING:\n    from tempering.p import c\n"
-        "def f():\n    from . import b\n    from .c import thing\n")
+        "def f():\n    from . import b\n    from .c import thing\n"
+    )
     monkeypatch.setattr(sys.modules[__name__], "PACKAGE", pkg)
     found = {(i.line, i.target) for i in imports_of(pkg / "p/a.py") if i.target}
     assert found == {(3, "p/c.py"), (5, "p/b.py"), (6, "p/c.py")}

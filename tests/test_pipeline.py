@@ -9,11 +9,17 @@ from tempering.workspace import prepare
 from tests.helpers.runs import CLOSED_URL, closed_port
 
 
-@pytest.mark.parametrize("override, message", [
-    ("sandbox.python=/nonexistent/python3", "sandbox.python: '/nonexistent/python3' is not an executable"),
-    ("checkpoint.uri=nosuch://bucket/run", "checkpoint.uri 'nosuch://bucket/run'"),
-    (CLOSED_URL, "sandbox.url: sandbox service at http://127.0.0.1:"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        (
+            "sandbox.python=/nonexistent/python3",
+            "sandbox.python: '/nonexistent/python3' is not an executable",
+        ),
+        ("checkpoint.uri=nosuch://bucket/run", "checkpoint.uri 'nosuch://bucket/run'"),
+        (CLOSED_URL, "sandbox.url: sandbox service at http://127.0.0.1:"),
+    ],
+)
 def test_outside_inputs_fail_before_the_run_directory_exists(tmp_path, override, message):
     run_dir = tmp_path / "run"
     override = override.replace("{port}", str(closed_port()))
@@ -44,15 +50,26 @@ def _http_server(body: bytes):
 def test_sandbox_url_is_asked_for_its_health_before_anything_is_written(tmp_path):
     server, url = _http_server(b"<html>some other server</html>")
     try:
-        with pytest.raises(TemperingError, match="sandbox.url: .* did not answer as a tempering sandbox service"):
+        with pytest.raises(
+            TemperingError, match="sandbox.url: .* did not answer as a tempering sandbox service"
+        ):
             prepare(build_config({}, [f"run.dir={tmp_path / 'run'}", f"sandbox.url={url}"]))
     finally:
         server.shutdown()
     assert not (tmp_path / "run").exists()
     server, url = _http_server(b'{"status": "ok"}')  # a healthy service: prepare goes on and writes the run
     try:
-        ws = prepare(build_config({}, [f"run.dir={tmp_path / 'run'}", f"sandbox.url={url}", "data.num_train=40",
-                                       "data.num_heldout=4"]))
+        ws = prepare(
+            build_config(
+                {},
+                [
+                    f"run.dir={tmp_path / 'run'}",
+                    f"sandbox.url={url}",
+                    "data.num_train=40",
+                    "data.num_heldout=4",
+                ],
+            )
+        )
     finally:
         server.shutdown()
     assert (ws.run_dir / "config.yaml").is_file()
@@ -72,9 +89,15 @@ def test_the_cached_evaluation_key_covers_every_setting_that_shapes_the_numbers(
 
     base = key()
     assert key() == base
-    changed = [key("env.options.code_instruction='Write Python.'"), key("env.max_context=512"),
-               key("env.feedback_chars=100"), key("env.chat_format=plain"), key("run.seed=1"),
-               key("sandbox.timeout_s=5"), key("sandbox.memory_mb=512"),
-               key(held=[heldout[0].model_copy(update={"prompt": heldout[0].prompt + " "}), *heldout[1:]])]
+    changed = [
+        key("env.options.code_instruction='Write Python.'"),
+        key("env.max_context=512"),
+        key("env.feedback_chars=100"),
+        key("env.chat_format=plain"),
+        key("run.seed=1"),
+        key("sandbox.timeout_s=5"),
+        key("sandbox.memory_mb=512"),
+        key(held=[heldout[0].model_copy(update={"prompt": heldout[0].prompt + " "}), *heldout[1:]]),
+    ]
     assert all(k != base for k in changed)
     assert key("tracking.progress=false") == base  # not a setting of the evaluation

@@ -10,10 +10,21 @@ from tempering.config import load_config
 from tempering.state import TrainState
 
 ROOT = Path(__file__).resolve().parents[1]
-QUICK = ["sft.steps=4", "sft.batch_size=4", "train.steps=2", "data.num_train=40", "data.num_heldout=4",
-         "eval.samples=1", "eval.every=0", "rollout.prompts_per_step=2", "rollout.group_size=2",
-         "rollout.max_new_tokens=8", "tracking.tensorboard=false", "tracking.samples_every=0",
-         "tracking.progress=false"]
+QUICK = [
+    "sft.steps=4",
+    "sft.batch_size=4",
+    "train.steps=2",
+    "data.num_train=40",
+    "data.num_heldout=4",
+    "eval.samples=1",
+    "eval.every=0",
+    "rollout.prompts_per_step=2",
+    "rollout.group_size=2",
+    "rollout.max_new_tokens=8",
+    "tracking.tensorboard=false",
+    "tracking.samples_every=0",
+    "tracking.progress=false",
+]
 
 
 @pytest.mark.slow

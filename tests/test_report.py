@@ -19,17 +19,47 @@ def fake_run(run_dir):
     run_dir.mkdir()
     rows = []
     for step in range(1, 21):
-        rows.append({"step": step, "reward/mean": step / 20, "reward/tests/mean": step / 25, "reward/format/mean": 0.9,
-                     "train/pass_rate": step / 30, "response_length/mean": 40 - step, "actor/entropy": 2 - step / 20,
-                     "actor/kl_loss": step / 1000, "timing_s/gen": 1.0, "timing_s/update": 0.5, "timing_s/step": 1.6})
+        rows.append(
+            {
+                "step": step,
+                "reward/mean": step / 20,
+                "reward/tests/mean": step / 25,
+                "reward/format/mean": 0.9,
+                "train/pass_rate": step / 30,
+                "response_length/mean": 40 - step,
+                "actor/entropy": 2 - step / 20,
+                "actor/kl_loss": step / 1000,
+                "timing_s/gen": 1.0,
+                "timing_s/update": 0.5,
+                "timing_s/step": 1.6,
+            }
+        )
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (run_dir / "summary.json").write_text(json.dumps({
-        "heldout_pass@1_before": 0.1, "heldout_pass@1_after": 0.3, "heldout_greedy_pass@1_before": 0.2,
-        "heldout_greedy_pass@1_after": 0.35, "heldout_tasks": 8, "heldout_samples_per_task": 2, "temperature": 1.0,
-        "rl_steps": 20, "per_domain_before": {"lists": 0.1}, "per_domain_after": {"lists": 0.3}, "wall_time_s": 12.0}))
+    (run_dir / "summary.json").write_text(
+        json.dumps(
+            {
+                "heldout_pass@1_before": 0.1,
+                "heldout_pass@1_after": 0.3,
+                "heldout_greedy_pass@1_before": 0.2,
+                "heldout_greedy_pass@1_after": 0.35,
+                "heldout_tasks": 8,
+                "heldout_samples_per_task": 2,
+                "temperature": 1.0,
+                "rl_steps": 20,
+                "per_domain_before": {"lists": 0.1},
+                "per_domain_after": {"lists": 0.3},
+                "wall_time_s": 12.0,
+            }
+        )
+    )
     (run_dir / "samples").mkdir()
-    sample = {"task_id": "t1", "domain": "lists", "reward": 1.0, "components": {"tests": 1.0},
-              "turns": [{"action": "def f(x):\n    return x <script>alert(1)</script>", "observation": None}]}
+    sample = {
+        "task_id": "t1",
+        "domain": "lists",
+        "reward": 1.0,
+        "components": {"tests": 1.0},
+        "turns": [{"action": "def f(x):\n    return x <script>alert(1)</script>", "observation": None}],
+    }
     (run_dir / "samples" / "step_000020.jsonl").write_text(json.dumps(sample) + "\n")
     return run_dir
 
@@ -38,9 +68,13 @@ def test_the_report_is_one_self_contained_page(tmp_path, capsys):
     run_dir = fake_run(tmp_path / "run")
     assert cli(["report", str(run_dir)]) == 0
     page = (run_dir / "report.html").read_text()
-    assert page.count("data:image/png;base64,") == 8  # held-out bars and validation; reward, pass rate, length, KL,
+    assert (
+        page.count("data:image/png;base64,") == 8
+    )  # held-out bars and validation; reward, pass rate, length, KL,
     # entropy, step time
-    assert "http://" not in page and "https://" not in page and "<script>" not in page  # nothing fetched or run
+    assert (
+        "http://" not in page and "https://" not in page and "<script>" not in page
+    )  # nothing fetched or run
     assert "&lt;script&gt;" in page and "lists" in page and "30.0%" in page
     assert cli(["report", str(tmp_path)]) == 2
     assert "is not a run directory" in capsys.readouterr().err
@@ -60,25 +94,40 @@ def test_the_report_shows_held_out_intervals_and_the_validation_curve(tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     block = {"before": [0.05, 0.15], "after": [0.22, 0.38], "gain": [0.2, 0.12, 0.28], "tasks": 8}
     summary["intervals"] = {"sampled": {"all": block, "lists": block}, "greedy": {"all": block}}
-    summary["benchmarks"] = {"humaneval": {"tasks": 164, "greedy_pass@1_before": 0.037, "greedy_pass@1_after": 0.043,
-                                           "intervals": {**block, "gain": [0.006, -0.012, 0.024]}}}
+    summary["benchmarks"] = {
+        "humaneval": {
+            "tasks": 164,
+            "greedy_pass@1_before": 0.037,
+            "greedy_pass@1_after": 0.043,
+            "intervals": {**block, "gain": [0.006, -0.012, 0.024]},
+        }
+    }
     (run_dir / "summary.json").write_text(json.dumps(summary))
     assert cli(["report", str(run_dir)]) == 0
     page = (run_dir / "report.html").read_text()
-    assert 'alt="held-out pass@1 before and after RL"' in page and 'alt="held-out pass@1 (validation)"' in page
+    assert (
+        'alt="held-out pass@1 before and after RL"' in page and 'alt="held-out pass@1 (validation)"' in page
+    )
     assert page.count("data:image/png;base64,") == 8
     assert "+20.0 [+12.0, +28.0]" in page
     assert "humaneval (greedy, 164)</th><th>3.7%</th><th>4.3%</th><td>+0.6 [-1.2, +2.4]</td>" in page
     assert ema([1.0, 1.0, 1.0], 5) == pytest.approx([1.0, 1.0, 1.0])  # debiased: no pull towards 0
-    assert ema([0.0, 1.0], 1) == [0.0, 1.0]                                # span 1: the raw values
+    assert ema([0.0, 1.0], 1) == [0.0, 1.0]  # span 1: the raw values
 
 
 def test_every_metric_of_a_panel_is_drawn_overall_first(tmp_path):
     """A run over 15 domains has 31 reward names: all are drawn, over several figures, reward/mean first."""
     from tempering.tracking.report import LINES_PER_FIGURE, panel_names
 
-    rows = [{"step": s, "reward/mean": s / 10, **{f"reward/d{i:02d}/mean": i / 15 for i in range(15)},
-             **{f"reward/d{i:02d}/tests/mean": i / 20 for i in range(15)}} for s in range(1, 4)]
+    rows = [
+        {
+            "step": s,
+            "reward/mean": s / 10,
+            **{f"reward/d{i:02d}/mean": i / 15 for i in range(15)},
+            **{f"reward/d{i:02d}/tests/mean": i / 20 for i in range(15)},
+        }
+        for s in range(1, 4)
+    ]
     groups = panel_names(rows, "reward/")
     assert groups[0][0] == "reward/mean"
     assert sorted(n for g in groups for n in g) == sorted(k for k in rows[0] if k != "step")
@@ -124,10 +173,22 @@ def test_the_report_renders_in_headless_chromium(tmp_path):
     run_dir = fake_run(tmp_path / "run")
     assert cli(["report", str(run_dir)]) == 0
     shot = run_dir / "report.png"
-    subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                    f"--screenshot={shot}", "--window-size=1280,1600", (run_dir / "report.html").as_uri()],
-                   check=True, capture_output=True, timeout=120)
+    subprocess.run(
+        [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+            f"--screenshot={shot}",
+            "--window-size=1280,1600",
+            (run_dir / "report.html").as_uri(),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     pixels = np.asarray(Image.open(shot).convert("L"), dtype=np.float32)
     assert pixels.shape == (1600, 1280)
     assert (pixels < 200).mean() > 0.02  # text and plot lines, not a blank page
-    assert len(np.unique(pixels)) > 50   # anti-aliased figures, not a single-colour error page
+    assert len(np.unique(pixels)) > 50  # anti-aliased figures, not a single-colour error page

@@ -14,17 +14,24 @@ from tempering.types import Episode, Task, TestCase
 
 
 def task(**kw):
-    base = dict(id="sq", domain="d", prompt="def f(x):\n", entry_point="f",
-                tests=[TestCase(input=[i], output=i * i, tags=["edge"] if i == 0 else []) for i in range(6)],
-                examples=[TestCase(input=[3], output=9), TestCase(input=[7], output=49)],
-                reference_solution="def f(x):\n    return x * x\n")
+    base = dict(
+        id="sq",
+        domain="d",
+        prompt="def f(x):\n",
+        entry_point="f",
+        tests=[TestCase(input=[i], output=i * i, tags=["edge"] if i == 0 else []) for i in range(6)],
+        examples=[TestCase(input=[3], output=9), TestCase(input=[7], output=49)],
+        reference_solution="def f(x):\n    return x * x\n",
+    )
     base.update(kw)
     return Task(**base)
 
 
 def episodes(sandbox, t, completions, fn: RewardFunction, tokens=10, **options):
     """One-turn code episodes of `completions`, stepped together as the rollout driver steps them."""
-    ctx = EnvContext(sandbox, needs=frozenset(fn.needs), guards=fn.guards, guard_kinds=fn.guard_kinds, **options)
+    ctx = EnvContext(
+        sandbox, needs=frozenset(fn.needs), guards=fn.guards, guard_kinds=fn.guard_kinds, **options
+    )
     envs = [CodeEnv(ctx) for _ in completions]
     for env in envs:
         env.reset(t)
@@ -49,8 +56,10 @@ def test_outcome_with_edge_weight_and_edge_cases(sandbox):
     assert r.components["edge_cases"] == 0.0
 
 
-@pytest.mark.parametrize("partial, expected", [("always", [4 / 6, 2 / 6, 1.0]), ("examples", [4 / 6, 0.0, 1.0]),
-                                               ("never", [0.0, 0.0, 1.0])])
+@pytest.mark.parametrize(
+    "partial, expected",
+    [("always", [4 / 6, 2 / 6, 1.0]), ("examples", [4 / 6, 0.0, 1.0]), ("never", [0.0, 0.0, 1.0])],
+)
 def test_partial_credit_only_for_programs_the_examples_do_not_contradict(sandbox, partial, expected):
     """Three answers to f(x) = x * x (hidden x = 0..5; examples f(3) = 9, f(2) = 4): a near miss that passes
     the examples, `return x` - another task's answer, right only where x = x * x (0, 1) and contradicting
@@ -122,19 +131,24 @@ def test_a_step_reward_hook_that_names_attempt_gets_the_final_attempt(sandbox, m
     module = types.ModuleType("user_prm_attempt")
     module.prm = lambda task, steps, attempt: [attempt.exec_result.passed_fraction] * len(steps)
     monkeypatch.setitem(sys.modules, "user_prm_attempt", module)
-    _, r = run(sandbox, task(), "    return x * x\n", RewardFunction({"tests": 1.0}, step_fn="user_prm_attempt:prm"))
+    _, r = run(
+        sandbox, task(), "    return x * x\n", RewardFunction({"tests": 1.0}, step_fn="user_prm_attempt:prm")
+    )
     assert r.info["step_rewards"] == [1.0]
 
 
 # ------------------------------------------------------------------------------------------- guards
 
 
-@pytest.mark.parametrize("completion,kind", [
-    ("    return x * x\nimport sys\nsys.exit(0)\n", "exit_before_tests"),
-    ("    return 0\nimport builtins\nbuiltins.len = lambda x: 0\n", "harness_tampering"),
-    ("    class A(int):\n        def __eq__(s, o): return True\n    return A(0)\n", "always_equal"),
-    ("    return {3: 9, 7: 49}.get(x, 0)\n", "hardcoded_examples"),
-])
+@pytest.mark.parametrize(
+    "completion,kind",
+    [
+        ("    return x * x\nimport sys\nsys.exit(0)\n", "exit_before_tests"),
+        ("    return 0\nimport builtins\nbuiltins.len = lambda x: 0\n", "harness_tampering"),
+        ("    class A(int):\n        def __eq__(s, o): return True\n    return A(0)\n", "always_equal"),
+        ("    return {3: 9, 7: 49}.get(x, 0)\n", "hardcoded_examples"),
+    ],
+)
 def test_guards_detect_penalise_and_can_be_turned_off(sandbox, completion, kind):
     on = RewardFunction({"tests": 1.0, "examples": 1.0}, guards=True, penalty=-1.0)
     off = RewardFunction({"tests": 1.0, "examples": 1.0}, guards=False)
@@ -146,14 +160,24 @@ def test_guards_detect_penalise_and_can_be_turned_off(sandbox, completion, kind)
 
 def test_honest_programs_trip_no_guard(sandbox):
     fn = RewardFunction({"tests": 1.0}, guards=True)
-    for completion in ("    return x * x\n", "    return x + 1\n", "    return 9 if x == 3 else x * x\n", "    retur x\n"):
+    for completion in (
+        "    return x * x\n",
+        "    return x + 1\n",
+        "    return 9 if x == 3 else x * x\n",
+        "    retur x\n",
+    ):
         _, r = run(sandbox, task(), completion, fn)
         assert r.info["hacking"] == [], completion
 
 
 def test_printed_output_guard_on_stdin_tasks(sandbox):
-    io = Task(id="io", domain="d", prompt="", tests=[TestCase(stdin="2 3\n", stdout="5"), TestCase(stdin="4 4\n", stdout="8")],
-              examples=[TestCase(stdin="2 3\n", stdout="5")])
+    io = Task(
+        id="io",
+        domain="d",
+        prompt="",
+        tests=[TestCase(stdin="2 3\n", stdout="5"), TestCase(stdin="4 4\n", stdout="8")],
+        examples=[TestCase(stdin="2 3\n", stdout="5")],
+    )
     fn = RewardFunction({"tests": 1.0})
     _, cheat = run(sandbox, io, "print(5)\n", fn)
     _, honest = run(sandbox, io, "a, b = map(int, input().split())\nprint(a + b)\n", fn)
@@ -190,8 +214,13 @@ def test_model_code_is_parsed_on_the_host_only_when_bounded():
 
 def multi_turn(sandbox, t, attempts, fn: RewardFunction):
     """A code episode of several attempts (feedback between them), as the driver records it."""
-    ctx = EnvContext(sandbox, max_turns=len(attempts), needs=frozenset(fn.needs), guards=fn.guards,
-                     guard_kinds=fn.guard_kinds)
+    ctx = EnvContext(
+        sandbox,
+        max_turns=len(attempts),
+        needs=frozenset(fn.needs),
+        guards=fn.guards,
+        guard_kinds=fn.guard_kinds,
+    )
     env = CodeEnv(ctx)
     env.reset(t)
     e = Episode(t, 0, [], CodeEnv.default_weights, CodeEnv.outcome)
@@ -205,8 +234,11 @@ def multi_turn(sandbox, t, attempts, fn: RewardFunction):
 
 def test_weights_params_and_penalty_apply_to_multi_turn_episodes(sandbox):
     """reward.weights / params / penalty are the same for an episode of several turns as for one turn."""
-    fn = RewardFunction({"tests": 1.0, "edge_cases": 2.0, "improvement": 0.5}, params={"tests": {"edge_weight": 5.0}},
-                        penalty=-3.0)
+    fn = RewardFunction(
+        {"tests": 1.0, "edge_cases": 2.0, "improvement": 0.5},
+        params={"tests": {"edge_weight": 5.0}},
+        penalty=-3.0,
+    )
     e = multi_turn(sandbox, task(), ["    return 0\n", "    return x * x if x else 1\n"], fn)
     [r] = fn.score([e])
     # The final attempt fails only the edge case x = 0 (weight 5 of 10); edge_cases is 0 of 1.
@@ -216,9 +248,15 @@ def test_weights_params_and_penalty_apply_to_multi_turn_episodes(sandbox):
     assert r.info["outcome"] == pytest.approx(1.0 * 0.5 + 2.0 * 0.0)
     assert r.score == pytest.approx(0.5 + 0.5 * 5 / 6)
     # A hacked attempt anywhere in the episode: the whole episode gets the penalty.
-    hacked = multi_turn(sandbox, task(), ["    return 0\nimport sys\nsys.exit(0)\n", "    return x * x\n"], fn)
+    hacked = multi_turn(
+        sandbox, task(), ["    return 0\nimport sys\nsys.exit(0)\n", "    return x * x\n"], fn
+    )
     [r] = fn.score([hacked])
-    assert r.info["hacking"] == ["exit_before_tests"] and r.score == -3.0 and r.info["turn_rewards"] == [0.0, 0.0]
+    assert (
+        r.info["hacking"] == ["exit_before_tests"]
+        and r.score == -3.0
+        and r.info["turn_rewards"] == [0.0, 0.0]
+    )
     # Unset weights: the environment's own (code: tests 1.0, format 0.1).
     [r] = RewardFunction().score([multi_turn(sandbox, task(), ["    return x * x\n"], RewardFunction())])
     assert r.score == pytest.approx(1.1) and set(r.components) >= {"tests", "format", "improvement"}

@@ -32,9 +32,14 @@ print(mapped, held - resident_mb())
 
 
 def _mapped_and_given_back_mb(mode: str) -> tuple[int, int]:
-    env = {k: v for k, v in os.environ.items()  # glibc's own defaults, whatever this shell tunes
-           if not k.startswith("MALLOC_") and k not in ("GLIBC_TUNABLES", "LD_PRELOAD")}
-    out = subprocess.run([sys.executable, "-c", PROGRAM, mode], capture_output=True, text=True, check=True, env=env)
+    env = {
+        k: v
+        for k, v in os.environ.items()  # glibc's own defaults, whatever this shell tunes
+        if not k.startswith("MALLOC_") and k not in ("GLIBC_TUNABLES", "LD_PRELOAD")
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", PROGRAM, mode], capture_output=True, text=True, check=True, env=env
+    )
     mapped, given_back = out.stdout.split()[-2:]
     return int(mapped), int(given_back)
 
@@ -44,11 +49,13 @@ def _glibc_with_mallinfo2() -> bool:
     return name == "glibc" and tuple(int(part) for part in version.split(".")[:2]) >= (2, 33)
 
 
-@pytest.mark.skipif(not _glibc_with_mallinfo2(), reason="glibc's mallopt and mallinfo2 (2.33+), Linux's /proc")
+@pytest.mark.skipif(
+    not _glibc_with_mallinfo2(), reason="glibc's mallopt and mallinfo2 (2.33+), Linux's /proc"
+)
 def test_freed_tensors_memory_goes_back_to_the_kernel_instead_of_staying_stranded_in_the_heap():
     # glibc's default serves them from the heap, where a later live block can strand them after they are freed
     # (whether one does depends on the heap's layout: not asserted)
     mapped, _ = _mapped_and_given_back_mb("default")
     assert mapped < 8
     mapped, given_back = _mapped_and_given_back_mb("fixed")
-    assert mapped > 90 and given_back > 80   # each its own mapping, returned when freed
+    assert mapped > 90 and given_back > 80  # each its own mapping, returned when freed

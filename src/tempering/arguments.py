@@ -44,4 +44,6 @@ def k_values(text: str) -> tuple[int, ...]:
     try:
         return tuple(sorted({positive_int(k) for k in text.split(",")}))
     except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers >= 1, not {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated whole numbers >= 1, not {text!r}"
+        ) from None

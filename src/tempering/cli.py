@@ -23,13 +23,7 @@ import json
 import sys
 from pathlib import Path
 
-from tempering.arguments import (
-    Parser,
-    k_values,
-    non_negative_float,
-    non_negative_int,
-    positive_int,
-)
+from tempering.arguments import Parser, k_values, non_negative_float, non_negative_int, positive_int
 from tempering.errors import Preempted, TemperingError
 
 # ------------------------------------------------------------------------------------------ commands
@@ -102,16 +96,32 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if max(ks) > args.samples and not args.greedy:
         raise TemperingError(f"--k {max(ks)} needs --samples >= {max(ks)}")
     configure(args.threads)
-    engine = open_model(model_dir, SamplingParams(args.temperature, 1.0, args.max_new_tokens), device=args.device,
-                        compute=args.compute, keys=("--device", "--compute"))
+    engine = open_model(
+        model_dir,
+        SamplingParams(args.temperature, 1.0, args.max_new_tokens),
+        device=args.device,
+        compute=args.compute,
+        keys=("--device", "--compute"),
+    )
     with open_sandbox() as sandbox:
         # pass@k of the final attempt; with --turns > 1 also first_turn_pass@1 (feedback between attempts).
         ctx = EnvContext(sandbox, max_turns=args.turns, options={"code_instruction": args.instruction})
-        report = evaluate(engine, tasks, ctx, samples=args.samples, ks=ks,
-                          greedy=args.greedy, max_context=args.max_context, seed=args.seed, chat=args.chat_format)
+        report = evaluate(
+            engine,
+            tasks,
+            ctx,
+            samples=args.samples,
+            ks=ks,
+            greedy=args.greedy,
+            max_context=args.max_context,
+            seed=args.seed,
+            chat=args.chat_format,
+        )
     console = Console()
-    table = Table(title=f"{model_dir}  ({report.num_tasks} tasks, "
-                        f"{'greedy' if args.greedy else f'{report.samples} samples at T={args.temperature}'})")
+    table = Table(
+        title=f"{model_dir}  ({report.num_tasks} tasks, "
+        f"{'greedy' if args.greedy else f'{report.samples} samples at T={args.temperature}'})"
+    )
     table.add_column("domain")
     table.add_column("tasks", justify="right")
     metric_names = [n for n in report.overall if all(n in s for s in report.per_domain.values())]
@@ -124,7 +134,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else None
     if out:
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({"model": str(model_dir), "tasks": str(args.tasks), **report.to_json()}, indent=1))
+        out.write_text(
+            json.dumps({"model": str(model_dir), "tasks": str(args.tasks), **report.to_json()}, indent=1)
+        )
         console.print(f"wrote {out}")
     return 0
 
@@ -134,8 +146,16 @@ def cmd_data_generate(args: argparse.Namespace) -> int:
     from tempering.data import save_tasks
     from tempering.workspace import builtin_tasks
 
-    cfg = build_config({"data": {"generator": args.generator, "num_train": args.num_train,
-                                 "num_heldout": args.num_heldout, "seed": args.seed}})
+    cfg = build_config(
+        {
+            "data": {
+                "generator": args.generator,
+                "num_train": args.num_train,
+                "num_heldout": args.num_heldout,
+                "seed": args.seed,
+            }
+        }
+    )
     train, heldout = builtin_tasks(cfg)
     out = Path(args.out)
     save_tasks(train, out / "train.jsonl")
@@ -155,7 +175,9 @@ def cmd_data_pass_rates(args: argparse.Namespace) -> int:
     out.write_text(json.dumps({**rates, "config": str(args.config)}, indent=1) + "\n")
     for name, f in sorted(rates["families"].items(), key=lambda kv: -kv[1]["pass_rate"]):
         print(f"{name:24s} {f['pass_rate']:6.1%}  ({f['tasks']} tasks x {rates['samples']})")
-    print(f"wrote {out}: {len(rates['families'])} families, {rates['tasks']} tasks, overall {rates['pass@1']:.1%}")
+    print(
+        f"wrote {out}: {len(rates['families'])} families, {rates['tasks']} tasks, overall {rates['pass@1']:.1%}"
+    )
     return 0
 
 
@@ -179,8 +201,10 @@ def cmd_models_list(args: argparse.Namespace) -> int:
 
     for name, e in MODELS.items():
         where = prepared(name)
-        print(f"{name}  {'prepared: ' + str(where) if where else 'not prepared'}\n    {e.about}\n"
-              f"    from {e.package}=={e.version}:{e.file}")
+        print(
+            f"{name}  {'prepared: ' + str(where) if where else 'not prepared'}\n    {e.about}\n"
+            f"    from {e.package}=={e.version}:{e.file}"
+        )
     print(f"cache: {cache_root()} (TEMPERING_CACHE)")
     return 0
 
@@ -211,39 +235,62 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_run_parsers(sub) -> None:
-    for name, fn, text in (("train", cmd_train, "run (or resume) a recipe: SFT warm-up, RL, evaluation"),
-                           ("sft", cmd_sft, "run only the supervised warm-up of a recipe")):
+    for name, fn, text in (
+        ("train", cmd_train, "run (or resume) a recipe: SFT warm-up, RL, evaluation"),
+        ("sft", cmd_sft, "run only the supervised warm-up of a recipe"),
+    ):
         p = sub.add_parser(name, help=text, description=text)
         p.add_argument("config", help="recipe YAML, or a run directory (uses its config.yaml)")
         p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. algo.lr=1e-4 run.dir=runs/x")
-        p.add_argument("--allow-config-change", action="store_true",
-                       help="resume a run directory with a config that differs from its recorded one beyond the "
-                            "keys that may change (train.steps, train.max_time_s, run.threads, checkpoint.*, "
-                            "tracking.*, ...); the change is recorded in RUN_DIR/config_history")
+        p.add_argument(
+            "--allow-config-change",
+            action="store_true",
+            help="resume a run directory with a config that differs from its recorded one beyond the "
+            "keys that may change (train.steps, train.max_time_s, run.threads, checkpoint.*, "
+            "tracking.*, ...); the change is recorded in RUN_DIR/config_history",
+        )
         p.set_defaults(fn=fn)
 
 
 def _add_eval_parser(sub) -> None:
     p = sub.add_parser("eval", help="pass@k of a model or checkpoint on a task file")
     p.add_argument("model", help="model, checkpoint or run directory (its newest model), or registry name")
-    p.add_argument("--tasks", required=True, help="task file (JSONL, Parquet, datasets directory) or a named set: "
-                                                  "humaneval, leetcode-easy, leetcode-medium, leetcode-hard")
-    p.add_argument("--instruction", help="code tasks: text put before each prompt (env.options.code_instruction)")
+    p.add_argument(
+        "--tasks",
+        required=True,
+        help="task file (JSONL, Parquet, datasets directory) or a named set: "
+        "humaneval, leetcode-easy, leetcode-medium, leetcode-hard",
+    )
+    p.add_argument(
+        "--instruction", help="code tasks: text put before each prompt (env.options.code_instruction)"
+    )
     p.add_argument("--limit", type=positive_int, help="only the first N tasks")
     p.add_argument("--samples", type=positive_int, default=1, help="samples per task")
     p.add_argument("--k", type=k_values, default="1", help="comma-separated k values, e.g. 1,5")
     p.add_argument("--temperature", type=non_negative_float, default=1.0)
     p.add_argument("--greedy", action="store_true", help="greedy decoding (one sample)")
     p.add_argument("--max-new-tokens", type=positive_int, default=48)
-    p.add_argument("--turns", type=positive_int, default=1, help="attempts per episode, with feedback between them")
-    p.add_argument("--max-context", type=positive_int, default=1024, help="episodes: context budget in tokens")
-    p.add_argument("--chat-format", default="auto", choices=["auto", "plain", "template"],
-                   help="episodes: the format the model was trained with (env.chat_format)")
+    p.add_argument(
+        "--turns", type=positive_int, default=1, help="attempts per episode, with feedback between them"
+    )
+    p.add_argument(
+        "--max-context", type=positive_int, default=1024, help="episodes: context budget in tokens"
+    )
+    p.add_argument(
+        "--chat-format",
+        default="auto",
+        choices=["auto", "plain", "template"],
+        help="episodes: the format the model was trained with (env.chat_format)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=positive_int, default=2)
     p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda, cuda:1, mps")
-    p.add_argument("--compute", default="float32", choices=["float32", "bfloat16", "auto"],
-                   help="sampling precision (model.compute): bfloat16 samples from a bf16 copy; auto where faster")
+    p.add_argument(
+        "--compute",
+        default="float32",
+        choices=["float32", "bfloat16", "auto"],
+        help="sampling precision (model.compute): bfloat16 samples from a bf16 copy; auto where faster",
+    )
     p.add_argument("--out", help="write the report as JSON here")
     p.set_defaults(fn=cmd_eval)
 
@@ -258,8 +305,11 @@ def _add_data_parsers(sub):
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--generator", default="code", choices=["code", "tools", "answer", "reasoning_gym"])
     p.set_defaults(fn=cmd_data_generate)
-    p = data.add_parser("pass-rates", help="the start model's pass rate per task family on a recipe's training "
-                                           "tasks (the file data.pass_rates reads)")
+    p = data.add_parser(
+        "pass-rates",
+        help="the start model's pass rate per task family on a recipe's training "
+        "tasks (the file data.pass_rates reads)",
+    )
     p.add_argument("config")
     p.add_argument("overrides", nargs="*", help="key=value config overrides")
     p.add_argument("--out", required=True)
@@ -273,15 +323,20 @@ def _add_data_parsers(sub):
 def _add_model_parsers(sub) -> None:
     """`export` and `models list | prepare`."""
     p = sub.add_parser("export", help="write a checkpoint as a plain Hugging Face model directory")
-    p.add_argument("checkpoint", help="checkpoint, run (its newest checkpoint) or model directory, or registry name")
+    p.add_argument(
+        "checkpoint", help="checkpoint, run (its newest checkpoint) or model directory, or registry name"
+    )
     p.add_argument("--to", required=True, help="output directory (created; must not hold files)")
     p.set_defaults(fn=cmd_export)
 
-    models = sub.add_parser("models", help="the model registry").add_subparsers(dest="models_command",
-                                                                                 required=True)
+    models = sub.add_parser("models", help="the model registry").add_subparsers(
+        dest="models_command", required=True
+    )
     p = models.add_parser("list", help="registry models and whether they are prepared")
     p.set_defaults(fn=cmd_models_list)
-    p = models.add_parser("prepare", help="convert a registry model into a Hugging Face directory in the cache")
+    p = models.add_parser(
+        "prepare", help="convert a registry model into a Hugging Face directory in the cache"
+    )
     p.add_argument("name")
     p.add_argument("--cache", help="cache directory (default $TEMPERING_CACHE or ~/.cache/tempering)")
     p.set_defaults(fn=cmd_models_prepare)
@@ -311,8 +366,11 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:  # a full disk anywhere else (a run's own writes name their file: DiskFullError)
         if e.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
-        print(f"error: disk full{f' writing {e.filename}' if e.filename else ''} ({e.strerror}): make room and run "
-              "the same command again", file=sys.stderr)
+        print(
+            f"error: disk full{f' writing {e.filename}' if e.filename else ''} ({e.strerror}): make room and run "
+            "the same command again",
+            file=sys.stderr,
+        )
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

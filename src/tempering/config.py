@@ -157,8 +157,9 @@ def _format_validation(error: ValidationError) -> str:
     return "; ".join(lines)
 
 
-def build_config(tree: dict[str, Any] | None = None, overrides: Sequence[str] = (), *,
-                 checks: bool = True) -> RunConfig:
+def build_config(
+    tree: dict[str, Any] | None = None, overrides: Sequence[str] = (), *, checks: bool = True
+) -> RunConfig:
     """Validate a nested dict plus dotted overrides into a RunConfig (`checks`: see `load_config`)."""
     tree = dict(tree or {})
     _walk_keys(tree, [])
@@ -202,5 +203,7 @@ def _read_tree(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
 def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
     out = dict(base)
     for key, value in top.items():
-        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+        out[key] = (
+            _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+        )
     return out

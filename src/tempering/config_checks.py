@@ -19,6 +19,7 @@ from tempering.registry import ARG, check_call, load_callable
 if TYPE_CHECKING:
     from tempering.envs import Environment
 
+
 def check_config(cfg: RunConfig) -> None:
     _check_algo(cfg)
     _check_rewards(cfg, _environments(cfg))
@@ -26,6 +27,7 @@ def check_config(cfg: RunConfig) -> None:
 
 
 CHECKS.append(check_config)
+
 
 def _user_function(key: str, spec: str, what: str, *args: Any, **kwargs: Any) -> Any:
     """Import `package.module:function` and check it takes the run's call; errors name the key."""
@@ -50,7 +52,9 @@ def _known(key: str, name: str, registry: dict[str, Any]) -> bool:
         return True
     if ":" in name:
         return False
-    raise ValueError(f"{key}: unknown name '{name}'; valid: {', '.join(registry)} (or 'package.module:function')")
+    raise ValueError(
+        f"{key}: unknown name '{name}'; valid: {', '.join(registry)} (or 'package.module:function')"
+    )
 
 
 def _check_algo(cfg: RunConfig) -> None:
@@ -77,8 +81,10 @@ def _environments(cfg: RunConfig) -> list[type[Environment]]:
     plugins = []
     for spec in cfg.env.plugins:
         if ":" not in spec:
-            raise ValueError(f"env.plugins: '{spec}' is not of the form 'package.module:Class' (built-in "
-                             f"environments need no listing: {', '.join(ENVIRONMENTS)})")
+            raise ValueError(
+                f"env.plugins: '{spec}' is not of the form 'package.module:Class' (built-in "
+                f"environments need no listing: {', '.join(ENVIRONMENTS)})"
+            )
         try:
             plugins.append(environment_class(spec))
         except ConfigError as e:
@@ -94,8 +100,11 @@ def _check_rewards(cfg: RunConfig, environments: list[type[Environment]]) -> Non
     r = cfg.reward
     if r.weights is not None and not r.weights:
         raise ValueError("reward.weights: empty; name at least one component, e.g. {tests: 1.0}")
-    weights = r.weights if r.weights is not None else {
-        name: 1.0 for env in environments for name in env.default_weights}
+    weights = (
+        r.weights
+        if r.weights is not None
+        else {name: 1.0 for env in environments for name in env.default_weights}
+    )
     unknown = sorted(set(r.params) - set(weights))
     if unknown:
         raise ValueError(f"reward.params: {', '.join(unknown)} not in reward.weights ({', '.join(weights)})")
@@ -112,8 +121,10 @@ def _check_rewards(cfg: RunConfig, environments: list[type[Environment]]) -> Non
             columns: dict[str, list] = {field: [] for field in Task.model_fields if field != "prompt"}
             _user_function(key, name[4:], "TRL reward function", prompts=[], completions=[], **columns)
             if params:
-                raise ValueError(f"reward.params.{name}: a TRL reward function takes no params (it gets the "
-                                 "task fields as columns)")
+                raise ValueError(
+                    f"reward.params.{name}: a TRL reward function takes no params (it gets the "
+                    "task fields as columns)"
+                )
             continue
         known = _known("reward.weights", name, {**REWARD_COMPONENTS, **dict.fromkeys(env_components)})
         fn = REWARD_COMPONENTS[name] if known else _import(key, name, "reward component")
@@ -123,7 +134,9 @@ def _check_rewards(cfg: RunConfig, environments: list[type[Environment]]) -> Non
             problem = _unknown_params(fn, params)
             raise ValueError(f"reward.params.{name}: {problem}" if problem else f"{key}: {e}") from None
         if name == "tests" and params.get("partial", "always") not in PARTIAL:
-            raise ValueError(f"reward.params.tests.partial: '{params['partial']}'; valid: {', '.join(PARTIAL)}")
+            raise ValueError(
+                f"reward.params.tests.partial: '{params['partial']}'; valid: {', '.join(PARTIAL)}"
+            )
     kinds = r.guard_kinds or []
     bad = [k for k in kinds if k not in GUARDS]
     if bad:
@@ -150,7 +163,9 @@ def _unknown_params(fn: Any, params: dict[str, Any]) -> str | None:
 def _check_cross_fields(cfg: RunConfig) -> None:
     a, m = cfg.algo, cfg.model
     if a.kl_target is not None and a.kl_coef == 0:
-        raise ValueError("algo.kl_target: adaptive KL needs a starting algo.kl_coef > 0 (0 turns the KL term off)")
+        raise ValueError(
+            "algo.kl_target: adaptive KL needs a starting algo.kl_coef > 0 (0 turns the KL term off)"
+        )
     if m.name is not None:
         from tempering.models.registry import MODELS
 
@@ -159,7 +174,9 @@ def _check_cross_fields(cfg: RunConfig) -> None:
         if m.path is not None:
             raise ValueError("model.name and model.path both name a start model; set one")
     if m.path is None and m.name is None and m.hidden_size % m.num_heads:
-        raise ValueError(f"model.hidden_size: {m.hidden_size} is not divisible by model.num_heads ({m.num_heads})")
+        raise ValueError(
+            f"model.hidden_size: {m.hidden_size} is not divisible by model.num_heads ({m.num_heads})"
+        )
     import importlib.util
 
     for sink in ("wandb", "mlflow"):
@@ -178,15 +195,19 @@ def _check_data(cfg: RunConfig) -> None:
     if not 0.0 <= low <= high <= 1.0:
         raise ValueError(f"data.pass_range: [{low}, {high}] is not a range within [0, 1]")
     if (d.templates is not None or d.describe) and d.generator != "code":
-        raise ValueError(f"data.{'templates' if d.templates is not None else 'describe'}: applies to the built-in "
-                         f"code generator, not data.generator={d.generator}")
+        raise ValueError(
+            f"data.{'templates' if d.templates is not None else 'describe'}: applies to the built-in "
+            f"code generator, not data.generator={d.generator}"
+        )
     if d.templates is not None:
         from tempering.data.generators import TEMPLATES
 
         unknown = sorted(set(d.templates) - {t.name for t in TEMPLATES})
         if unknown:
-            raise ValueError(f"data.templates: unknown template(s) {unknown}; valid: "
-                             f"{', '.join(t.name for t in TEMPLATES)}")
+            raise ValueError(
+                f"data.templates: unknown template(s) {unknown}; valid: "
+                f"{', '.join(t.name for t in TEMPLATES)}"
+            )
     from tempering.data.benchmarks import BENCHMARKS
 
     for name in cfg.eval.benchmarks:
@@ -197,22 +218,32 @@ def _check_data(cfg: RunConfig) -> None:
 def _check_distributed(cfg: RunConfig) -> None:
     ro, d = cfg.rollout, cfg.distributed
     if ro.shards > ro.prompts_per_step:
-        raise ValueError(f"rollout.shards: {ro.shards} shards of {ro.prompts_per_step} prompts per step leave some "
-                         "empty; use at most rollout.prompts_per_step")
+        raise ValueError(
+            f"rollout.shards: {ro.shards} shards of {ro.prompts_per_step} prompts per step leave some "
+            "empty; use at most rollout.prompts_per_step"
+        )
     low, high = ro.min_workers or ro.workers, ro.max_workers or ro.workers
     if not low <= ro.workers <= high:
         raise ValueError(f"rollout.workers: {ro.workers} is outside [min_workers {low}, max_workers {high}]")
     if ro.max_staleness and cfg.algo.dynamic_sampling:
-        raise ValueError("rollout.max_staleness: asynchronous rollouts with algo.dynamic_sampling are not supported "
-                         "(a step's extra sampling rounds would need the older policy again); set one of them off")
+        raise ValueError(
+            "rollout.max_staleness: asynchronous rollouts with algo.dynamic_sampling are not supported "
+            "(a step's extra sampling rounds would need the older policy again); set one of them off"
+        )
     if d.trainers > 1 and d.backend != "ray":
-        raise ValueError(f"distributed.trainers: {d.trainers} data-parallel trainers run as Ray actors; set "
-                         "distributed.backend: ray (or trainers: 1)")
+        raise ValueError(
+            f"distributed.trainers: {d.trainers} data-parallel trainers run as Ray actors; set "
+            "distributed.backend: ray (or trainers: 1)"
+        )
     if d.backend == "ray":
         import importlib.util
 
         if importlib.util.find_spec("ray") is None:
-            raise ValueError("distributed.backend: 'ray' needs the ray package (pip install 'tempering[ray]')")
+            raise ValueError(
+                "distributed.backend: 'ray' needs the ray package (pip install 'tempering[ray]')"
+            )
         if ro.engine == "vllm":
-            raise ValueError("distributed.backend: 'ray' with rollout.engine 'vllm' is not built yet; use the local "
-                             "engine in the workers, or vllm with the local backend")
+            raise ValueError(
+                "distributed.backend: 'ray' with rollout.engine 'vllm' is not built yet; use the local "
+                "engine in the workers, or vllm with the local backend"
+            )

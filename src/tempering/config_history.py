@@ -24,19 +24,19 @@ from tempering.errors import ConfigError
 from tempering.files import write_atomic
 
 MUTABLE: tuple[str, ...] = (
-    "run.dir",            # a run directory may be moved or copied
-    "run.threads",        # speed only (resumed numbers match to float rounding, not bit for bit)
-    "run.device",         # e.g. resume a CPU run on a GPU machine (same caveat)
-    "train.steps",        # train longer (the eval after RL is recomputed for the new final step)
-    "train.max_time_s",   # a per-invocation budget
-    "checkpoint",         # how often, how many, where and how checkpoints are saved
-    "tracking",           # TensorBoard, samples, progress bar
-    "eval.every",         # periodic validation is monitoring only
+    "run.dir",  # a run directory may be moved or copied
+    "run.threads",  # speed only (resumed numbers match to float rounding, not bit for bit)
+    "run.device",  # e.g. resume a CPU run on a GPU machine (same caveat)
+    "train.steps",  # train longer (the eval after RL is recomputed for the new final step)
+    "train.max_time_s",  # a per-invocation budget
+    "checkpoint",  # how often, how many, where and how checkpoints are saved
+    "tracking",  # TensorBoard, samples, progress bar
+    "eval.every",  # periodic validation is monitoring only
     "eval.val_tasks",
-    "sandbox.workers",    # parallelism of the same executions
-    "sandbox.url",        # the same executions on a service
-    "distributed",        # where rollouts run (same samples anywhere); trainers: M (floats to rounding)
-    "rollout.workers",    # how many workers run the (fixed) shards
+    "sandbox.workers",  # parallelism of the same executions
+    "sandbox.url",  # the same executions on a service
+    "distributed",  # where rollouts run (same samples anywhere); trainers: M (floats to rounding)
+    "rollout.workers",  # how many workers run the (fixed) shards
     "rollout.min_workers",
     "rollout.max_workers",
     "rollout.worker_cpus",
@@ -62,8 +62,10 @@ class ConfigChange:
     """The changed keys outside `MUTABLE` (accepted only with --allow-config-change)."""
 
     def describe(self, keys: list[str] | None = None) -> str:
-        return ", ".join(f"{k} {_short(self.changed[k][0])} -> {_short(self.changed[k][1])}"
-                         for k in (keys if keys is not None else list(self.changed)))
+        return ", ".join(
+            f"{k} {_short(self.changed[k][0])} -> {_short(self.changed[k][1])}"
+            for k in (keys if keys is not None else list(self.changed))
+        )
 
 
 def _short(value: Any, limit: int = 40) -> str:
@@ -101,16 +103,20 @@ def _flat(text: str, where: str) -> dict[str, Any]:
     try:
         tree = yaml.safe_load(text) or {}
     except yaml.YAMLError as e:
-        raise ConfigError(f"{where} is not valid YAML ({getattr(e, 'problem', e)}); "
-                          "move it aside to start over") from None
+        raise ConfigError(
+            f"{where} is not valid YAML ({getattr(e, 'problem', e)}); move it aside to start over"
+        ) from None
     if not isinstance(tree, dict):
         raise ConfigError(f"{where} does not hold a config mapping; move it aside to start over")
     return flatten(_with_defaults(tree, RunConfig().model_dump(), []))
 
 
 def _diff(old: dict[str, Any], new: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
-    return {k: (old.get(k, _UNSET), new.get(k, _UNSET)) for k in sorted(set(old) | set(new))
-            if old.get(k, _UNSET) != new.get(k, _UNSET)}
+    return {
+        k: (old.get(k, _UNSET), new.get(k, _UNSET))
+        for k in sorted(set(old) | set(new))
+        if old.get(k, _UNSET) != new.get(k, _UNSET)
+    }
 
 
 def changes(previous_yaml: str, cfg: RunConfig, where: str) -> ConfigChange | None:
@@ -125,7 +131,8 @@ def _refusal(run_dir: Path, change: ConfigChange, what: str) -> ConfigError:
     return ConfigError(
         f"run.dir '{run_dir}' was made with a different config ({what}): {change.describe(change.forced)}; "
         f"only {', '.join(MUTABLE)} may change on resume - use a new run.dir, or pass --allow-config-change "
-        f"to continue with the new values (the old config is kept in {run_dir / HISTORY})")
+        f"to continue with the new values (the old config is kept in {run_dir / HISTORY})"
+    )
 
 
 def check_resume(run_dir: Path, cfg: RunConfig, allow: bool) -> ConfigChange | None:
@@ -145,8 +152,9 @@ def check_resume(run_dir: Path, cfg: RunConfig, allow: bool) -> ConfigChange | N
     return change
 
 
-def check_checkpoint(run_dir: Path, checkpoint_dir: Path, cfg: RunConfig, allow: bool,
-                     vetted: str | None = None) -> ConfigChange | None:
+def check_checkpoint(
+    run_dir: Path, checkpoint_dir: Path, cfg: RunConfig, allow: bool, vetted: str | None = None
+) -> ConfigChange | None:
     """The same check against the checkpoint a run resumes from (it may come from `checkpoint.uri` into an
     empty run directory). A checkpoint saved under a config this run directory has recorded passes: one kept
     in its history, or `vetted` - the config `check_resume` compared `cfg` with, before a change to it is
@@ -172,9 +180,13 @@ def record(run_dir: Path, change: ConfigChange, allowed_by_flag: bool) -> dict[s
     history = run_dir / HISTORY
     history.mkdir(parents=True, exist_ok=True)
     kept = history / f"{len(list(history.glob('*.yaml'))) + 1:04d}.yaml"
-    entry = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "previous_config": f"{HISTORY}/{kept.name}",
-             "forced": change.forced, "allowed_by_flag": allowed_by_flag and bool(change.forced),
-             "changed": {k: {"old": old, "new": new} for k, (old, new) in change.changed.items()}}
+    entry = {
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "previous_config": f"{HISTORY}/{kept.name}",
+        "forced": change.forced,
+        "allowed_by_flag": allowed_by_flag and bool(change.forced),
+        "changed": {k: {"old": old, "new": new} for k, (old, new) in change.changed.items()},
+    }
     log = history / "changes.jsonl"
     lines = log.read_text() if log.is_file() else ""
     write_atomic(kept, change.previous_yaml)  # each file whole or not at all (a full disk, a crash)

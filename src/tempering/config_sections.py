@@ -15,8 +15,9 @@ environment is built: a run's `env.feedback_chars`, `tempering eval --turns`, `t
 class Section(BaseModel):
     # allow_inf_nan=False: a NaN or infinite value (`sandbox.timeout_s: .nan`) is a config error, not a
     # failure deep inside the first step that uses it
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True,
-                              allow_inf_nan=False)
+    model_config = ConfigDict(
+        extra="forbid", use_attribute_docstrings=True, validate_assignment=True, allow_inf_nan=False
+    )
 
 
 class RunSection(Section):
@@ -229,8 +230,9 @@ class AlgoSection(Section):
     """Policy loss: ppo_clip, vanilla, gspo (sequence-level ratio; the paper's objective with loss_agg
     seq-mean-token-mean and clip ratios 3e-4 / 4e-4), cispo (clipped, stop-gradient weights on every token)
     (see `tempering.algos.POLICY_LOSSES`)."""
-    loss_agg: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = \
-        "token-mean"
+    loss_agg: Literal[
+        "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
+    ] = "token-mean"
     """How token losses are reduced to a scalar (seq-mean-token-sum-norm divides by rollout.max_new_tokens)."""
     lr: float = Field(1e-4, gt=0.0)
     """Policy learning rate."""
@@ -411,4 +413,3 @@ class DistributedSection(Section):
     minibatch, gradients summed by all-reduce (gloo on CPU, NCCL on CUDA)."""
     trainer_cpus: float = Field(1.0, gt=0.0)
     """Ray CPUs each trainer actor takes (its threads are `run.threads`)."""
-

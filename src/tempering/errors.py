@@ -46,7 +46,8 @@ def disk_full(error: BaseException, where: str | os.PathLike) -> bool:
         seen = seen.__cause__ or seen.__context__
     for e in chain:
         if (isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)) or any(
-                mark in str(e) for mark in DISK_FULL_MARKS):
+            mark in str(e) for mark in DISK_FULL_MARKS
+        ):
             return True
     return free_bytes(where) < 1 << 20
 

@@ -47,8 +47,10 @@ def read_token(token_file: str | None, env: str, file_env: str) -> str | None:
     if not token:
         return None
     if len(token) < MIN_TOKEN_CHARS:
-        raise TemperingError(f"the token (${env} or its file) is {len(token)} characters; use at least "
-                             f"{MIN_TOKEN_CHARS} (e.g. `python -c 'import secrets; print(secrets.token_urlsafe(32))'`)")
+        raise TemperingError(
+            f"the token (${env} or its file) is {len(token)} characters; use at least "
+            f"{MIN_TOKEN_CHARS} (e.g. `python -c 'import secrets; print(secrets.token_urlsafe(32))'`)"
+        )
     return token
 
 
@@ -80,8 +82,11 @@ class Admission:
         from fastapi import HTTPException
 
         if n > cap:
-            raise HTTPException(status_code=413, detail=f"a request of {n} {self.noun} is more than one client may "
-                                f"hold at once ({cap}); send smaller requests")
+            raise HTTPException(
+                status_code=413,
+                detail=f"a request of {n} {self.noun} is more than one client may "
+                f"hold at once ({cap}); send smaller requests",
+            )
         with self.lock:
             if why := self.busy(client, n):
                 raise HTTPException(status_code=429, headers={"Retry-After": "1"}, detail=why)
@@ -108,8 +113,13 @@ class Admission:
 class Guard:
     """ASGI middleware: the token (401), then the body size (413), before the app sees the request."""
 
-    def __init__(self, app, token: str | None, max_bytes: int,
-                 error: Callable[[int, str], dict] = lambda status, detail: {"detail": detail}):
+    def __init__(
+        self,
+        app,
+        token: str | None,
+        max_bytes: int,
+        error: Callable[[int, str], dict] = lambda status, detail: {"detail": detail},
+    ):
         self.app, self.token, self.max_bytes = app, token, max_bytes
         self.error = error
         """The body of a refusal, from its status and message (`tempering serve`: OpenAI's shape)."""
@@ -147,7 +157,7 @@ class Guard:
     def _authorized(self, scope, headers) -> bool:
         given = headers.get(b"authorization", b"").decode("latin-1")
         if given.startswith("Bearer "):
-            given = given[len("Bearer "):]
+            given = given[len("Bearer ") :]
         else:
             given = (parse_qs(scope.get("query_string", b"").decode("latin-1")).get("token") or [""])[0]
         return hmac.compare_digest(given.encode(), self.token.encode())
@@ -155,9 +165,17 @@ class Guard:
 
 async def _reply(send, status: int, content: dict, headers: list | None = None) -> None:
     body = json.dumps(content).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                            *(headers or [])]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                *(headers or []),
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 
@@ -179,13 +197,22 @@ class RetryingClient:
 
     RETRIED = (429, 502, 503, 504)
 
-    def __init__(self, base_url: str = "", *, token: str | None = None, timeout_s: float = 120.0,
-                 connect_s: float = 5.0, retries: int = 4, backoff_s: float = 0.5):
+    def __init__(
+        self,
+        base_url: str = "",
+        *,
+        token: str | None = None,
+        timeout_s: float = 120.0,
+        connect_s: float = 5.0,
+        retries: int = 4,
+        backoff_s: float = 0.5,
+    ):
         import httpx
 
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self.client = httpx.Client(base_url=base_url, timeout=httpx.Timeout(timeout_s, connect=connect_s),
-                                   headers=headers)
+        self.client = httpx.Client(
+            base_url=base_url, timeout=httpx.Timeout(timeout_s, connect=connect_s), headers=headers
+        )
         self.retries, self.backoff_s = retries, backoff_s
 
     def request(self, method: str, path: str, *, retries: int | None = None, **kw: Any):
@@ -204,7 +231,7 @@ class RetryingClient:
                 if answer.status_code not in self.RETRIED:
                     return answer
             if attempt < retries:
-                time.sleep(self.backoff_s * 2 ** attempt)
+                time.sleep(self.backoff_s * 2**attempt)
         if answer is None:
             raise Unreachable(why, retries + 1)
         return answer

@@ -59,7 +59,9 @@ class RLTrainer:
         self.source, self.ref, self.pool, self.trainers = roles.source, roles.ref, roles.pool, roles.trainers
         self.engine, self.ctx = self.source.engine, self.source.ctx
         self.submitted: dict[int, object] = {}  # step -> the pool's ticket of its round 0
-        self.ready: dict[int, Rollout] = dict(state.lookahead)  # finished look-ahead batches (a resumed run's too)
+        self.ready: dict[int, Rollout] = dict(
+            state.lookahead
+        )  # finished look-ahead batches (a resumed run's too)
         self.stop_signal: str | None = None
 
     # ------------------------------------------------------------------------------------ one step
@@ -106,7 +108,9 @@ class RLTrainer:
         """Draw a round's tasks and send them to the pool as `rollout.shards` shards."""
         ro = self.cfg.rollout
         tasks = self.state.sampler.next_batch(ro.prompts_per_step)
-        return self.pool.submit(shard_specs(step, round_, tasks, ro.shards, self.cfg.run.seed, self.engine.version))
+        return self.pool.submit(
+            shard_specs(step, round_, tasks, ro.shards, self.cfg.run.seed, self.engine.version)
+        )
 
     def take(self, step: int) -> Rollout:
         """Round 0 of step `step`: finished already (a look-ahead batch), or waited for."""
@@ -136,15 +140,21 @@ class RLTrainer:
         for round_ in range(algo.max_sampling_rounds):
             r = first if round_ == 0 else _add_times(timer, self.pool.gather(self.send_round(step, round_)))
             # The full score (an episode's outcome plus its process rewards) decides what is informative.
-            _, std, _ = group_mean_std(torch.tensor([x.score for x in r.rewards], dtype=torch.float32),
-                                       r.batch.group_ids)
+            _, std, _ = group_mean_std(
+                torch.tensor([x.score for x in r.rewards], dtype=torch.float32), r.batch.group_ids
+            )
             informative = [i for i in range(len(r.episodes)) if std[i] > 0]
             groups = set(sorted({int(r.batch.group_ids[i]) for i in informative})[: want - kept])
             rows = [i for i in informative if int(r.batch.group_ids[i]) in groups]
             dropped += want - len({int(r.batch.group_ids[i]) for i in informative})
             kept += len(groups)
-            parts.append(Rollout([r.episodes[i] for i in rows], [r.rewards[i] for i in rows],
-                                 r.batch.select(torch.tensor(rows, dtype=torch.long))))
+            parts.append(
+                Rollout(
+                    [r.episodes[i] for i in rows],
+                    [r.rewards[i] for i in rows],
+                    r.batch.select(torch.tensor(rows, dtype=torch.long)),
+                )
+            )
             if kept >= want:
                 break
         merged = merge_rollouts([p for p in parts if p.episodes] or parts[:1])
@@ -156,17 +166,30 @@ class RLTrainer:
         algo, metrics = self.cfg.algo, {}
         if self.ref is not None:
             with timer("ref"):
-                batch.ref_logprobs = self.ref.logprobs(batch.prompt_ids, batch.prompt_mask, batch.response_ids,
-                                                       batch.attention)
+                batch.ref_logprobs = self.ref.logprobs(
+                    batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.attention
+                )
             if algo.kl_mode == "reward":
-                penalty, kl = kl_reward(batch.old_logprobs, batch.ref_logprobs, batch.response_mask,
-                                        coef=self.state.kl.coef, estimator=algo.kl_estimator)
-                batch.token_rewards = penalty if batch.token_rewards is None else batch.token_rewards + penalty
+                penalty, kl = kl_reward(
+                    batch.old_logprobs,
+                    batch.ref_logprobs,
+                    batch.response_mask,
+                    coef=self.state.kl.coef,
+                    estimator=algo.kl_estimator,
+                )
+                batch.token_rewards = (
+                    penalty if batch.token_rewards is None else batch.token_rewards + penalty
+                )
                 metrics["actor/reward_kl"] = float(kl)
         if self.state.critic is not None:
             with timer("values"), torch.no_grad():
-                batch.values = self.state.critic.values(batch.prompt_ids, batch.prompt_mask, batch.response_ids,
-                                                        batch.response_mask, batch.response_attention).cpu()
+                batch.values = self.state.critic.values(
+                    batch.prompt_ids,
+                    batch.prompt_mask,
+                    batch.response_ids,
+                    batch.response_mask,
+                    batch.response_attention,
+                ).cpu()
         return metrics
 
     def correct(self, batch: RolloutBatch, timer: Timer) -> dict[str, float]:
@@ -178,8 +201,13 @@ class RLTrainer:
             old = self.recompute(batch)
         batch.behaviour_logprobs, batch.old_logprobs = batch.old_logprobs, old
         batch.is_weights, batch.kept_mask, metrics = rollout_correction(
-            old, batch.behaviour_logprobs, batch.response_mask, mode=algo.correction,
-            level=algo.correction_level, cap=algo.correction_cap)
+            old,
+            batch.behaviour_logprobs,
+            batch.response_mask,
+            mode=algo.correction,
+            level=algo.correction_level,
+            cap=algo.correction_cap,
+        )
         return metrics
 
     @torch.no_grad()
@@ -199,7 +227,9 @@ class RLTrainer:
 
     def estimate(self, batch: RolloutBatch) -> None:
         algo = self.cfg.algo
-        x = AdvantageInputs(batch.rewards, batch.response_mask, batch.group_ids, batch.values, batch.token_rewards)
+        x = AdvantageInputs(
+            batch.rewards, batch.response_mask, batch.group_ids, batch.values, batch.token_rewards
+        )
         batch.advantages, batch.returns = self.roles.estimator(x)
         if algo.whiten_advantages:
             batch.advantages = masked_whiten(batch.advantages, batch.response_mask) * batch.response_mask
@@ -211,8 +241,17 @@ class RLTrainer:
         kl_coef = state.kl.coef if self.cfg.algo.kl_mode == "loss" else 0.0
 
         def here(dp=None):  # this process's update (rank 0 of the data-parallel trainers)
-            return update_models(self.cfg, state, batch, step, loss=self.roles.policy_loss,
-                                 settings=self.roles.update, kl_coef=kl_coef, timer=timer, dp=dp)
+            return update_models(
+                self.cfg,
+                state,
+                batch,
+                step,
+                loss=self.roles.policy_loss,
+                settings=self.roles.update,
+                kl_coef=kl_coef,
+                timer=timer,
+                dp=dp,
+            )
 
         if self.trainers is None:
             metrics = here()
@@ -226,16 +265,26 @@ class RLTrainer:
         """Adaptive KL (Ziegler et al.): the step's observed KL moves the coefficient; n = samples in the step."""
         if self.ref is not None:
             metrics["actor/kl_coef"] = self.state.kl.coef
-            self.state.kl.update(metrics.get("actor/reward_kl", metrics.get("actor/kl_loss", 0.0)), n_steps=samples)
+            self.state.kl.update(
+                metrics.get("actor/reward_kl", metrics.get("actor/kl_loss", 0.0)), n_steps=samples
+            )
 
     def validate(self, step: int) -> dict[str, float]:
         """Held-out pass@1 on the first `eval.val_tasks` tasks: sampled (2 per task) and greedy."""
         cfg, engine = self.cfg, self.engine
-        rollout, engine.sampling = engine.sampling, SamplingParams(cfg.eval.temperature, 1.0, cfg.rollout.max_new_tokens)
+        rollout, engine.sampling = (
+            engine.sampling,
+            SamplingParams(cfg.eval.temperature, 1.0, cfg.rollout.max_new_tokens),
+        )
         try:  # the policy's own engine (one cache), at the evaluation's temperature meanwhile
-            return validation_metrics(engine, self.heldout_tasks[: cfg.eval.val_tasks], self.ctx,
-                                      seed=step_seed(cfg.run.seed, step, 2), max_context=cfg.env.max_context,
-                                      chat=cfg.env.chat_format)
+            return validation_metrics(
+                engine,
+                self.heldout_tasks[: cfg.eval.val_tasks],
+                self.ctx,
+                seed=step_seed(cfg.run.seed, step, 2),
+                max_context=cfg.env.max_context,
+                chat=cfg.env.chat_format,
+            )
         finally:
             engine.sampling = rollout
 
@@ -274,16 +323,22 @@ class RLTrainer:
             tracker.log(step, metrics)
             if cfg.tracking.samples_every and step % cfg.tracking.samples_every == 0:
                 tracker.write_samples(step, result.samples)
-            out_of_time = cfg.train.max_time_s is not None and time.monotonic() - began >= cfg.train.max_time_s
+            out_of_time = (
+                cfg.train.max_time_s is not None and time.monotonic() - began >= cfg.train.max_time_s
+            )
             if step % cfg.checkpoint.every == 0 or step == cfg.train.steps or out_of_time or self.stop_signal:
                 start = time.perf_counter()
-                lookahead = self.lookahead(step)  # gathered now: the pool's figures of that go in the next row
+                lookahead = self.lookahead(
+                    step
+                )  # gathered now: the pool's figures of that go in the next row
                 state.save(step, cfg.to_yaml(), lookahead=lookahead, pool_metrics=self.pool.pending_metrics())
                 pending_checkpoint_s = time.perf_counter() - start
             if self.stop_signal:
                 state.saver.close()
-                raise Preempted(f"{self.stop_signal}: saved step {step} in {state.saver.root}; run the same "
-                                "command again to resume")
+                raise Preempted(
+                    f"{self.stop_signal}: saved step {step} in {state.saver.root}; run the same "
+                    "command again to resume"
+                )
             if out_of_time:
                 self.log(f"train.max_time_s ({cfg.train.max_time_s:.0f} s) reached after step {step}")
                 break

@@ -83,15 +83,23 @@ def base_model_dir(ws: Workspace, sandbox: Sandbox | None = None) -> Path:
         texts += [t.prompt for t in ws.rl_tasks if t.id not in sft_ids]
         tokenizer = train_tokenizer(texts, vocab_size=cfg.model.vocab_size)
         m = cfg.model
-        model = build_tiny_model(tokenizer, hidden_size=m.hidden_size, num_layers=m.num_layers,
-                                 num_heads=m.num_heads, intermediate_size=m.intermediate_size,
-                                 max_length=m.max_length, seed=cfg.run.seed)
+        model = build_tiny_model(
+            tokenizer,
+            hidden_size=m.hidden_size,
+            num_layers=m.num_layers,
+            num_heads=m.num_heads,
+            intermediate_size=m.intermediate_size,
+            max_length=m.max_length,
+            seed=cfg.run.seed,
+        )
         tmp = ws.run_dir / "base.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         save_model(model, tokenizer, tmp)
         shutil.rmtree(base, ignore_errors=True)
         os.replace(tmp, base)
-        ws.log(f"built tiny model: {num_parameters(model) / 1e6:.2f}M parameters, vocabulary {len(tokenizer)}")
+        ws.log(
+            f"built tiny model: {num_parameters(model) / 1e6:.2f}M parameters, vocabulary {len(tokenizer)}"
+        )
     return base
 
 
@@ -132,18 +140,36 @@ def sft_stage(ws: Workspace, start: Path, sandbox: Sandbox | None = None) -> Pat
     s = cfg.sft
     began = time.perf_counter()
     fmt = chat_format(tokenizer, cfg.env.chat_format)
-    ctx = env_context(cfg, sandbox)  # the prompt as an episode shows it (e.g. after env.options.code_instruction)
-    examples = [encode_transcript(fmt, make_env(t, ctx).reset(t), tr, tool_declarations(t) if t.env == "tool"
-                                  else None) for t, tr in ws.transcripts(sandbox)]
+    ctx = env_context(
+        cfg, sandbox
+    )  # the prompt as an episode shows it (e.g. after env.options.code_instruction)
+    examples = [
+        encode_transcript(
+            fmt, make_env(t, ctx).reset(t), tr, tool_declarations(t) if t.env == "tool" else None
+        )
+        for t, tr in ws.transcripts(sandbox)
+    ]
     with (out / "metrics.jsonl").open("w") as f:
+
         def on_step(step: int, row: dict[str, float]) -> None:
             f.write(json.dumps(row) + "\n")
             if step % max(1, s.steps // 10) == 0 or step == s.steps:
                 ws.log(f"sft step {step}/{s.steps}  loss {row['sft/loss']:.3f}")
 
-        run_sft(model, tokenizer, ws.sft_tasks, steps=s.steps, batch_size=s.batch_size, lr=s.lr,
-                warmup_steps=s.warmup_steps, schedule=s.schedule, weight_decay=s.weight_decay,
-                seed=cfg.run.seed, on_step=on_step, examples=examples)
+        run_sft(
+            model,
+            tokenizer,
+            ws.sft_tasks,
+            steps=s.steps,
+            batch_size=s.batch_size,
+            lr=s.lr,
+            warmup_steps=s.warmup_steps,
+            schedule=s.schedule,
+            weight_decay=s.weight_decay,
+            seed=cfg.run.seed,
+            on_step=on_step,
+            examples=examples,
+        )
     tmp = out / "model.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     save_model(model, tokenizer, tmp)
@@ -163,16 +189,34 @@ def eval_key(ws: Workspace, model_dir: Path, step: int | None, tasks: list[Task]
     run_dir = ws.run_dir.resolve()
     digest = hashlib.sha256("\n".join(t.model_dump_json() for t in tasks).encode()).hexdigest()
     s = cfg.sandbox
-    return {"model": str(model.relative_to(run_dir)) if model.is_relative_to(run_dir) else str(model),
-            "step": step, "heldout_tasks": len(tasks), "heldout_sha256": digest,
-            "samples": cfg.eval.samples, "temperature": cfg.eval.temperature,
-            "max_new_tokens": cfg.rollout.max_new_tokens, "env": cfg.env.model_dump(), "seed": cfg.run.seed,
-            "sandbox_limits": [s.timeout_s, s.cpu_s, s.memory_mb, s.max_output_bytes],
-            **({"compute": "bfloat16"} if compute_dtype(cfg.model.compute, cfg.run.device) == torch.bfloat16 else {})}
+    return {
+        "model": str(model.relative_to(run_dir)) if model.is_relative_to(run_dir) else str(model),
+        "step": step,
+        "heldout_tasks": len(tasks),
+        "heldout_sha256": digest,
+        "samples": cfg.eval.samples,
+        "temperature": cfg.eval.temperature,
+        "max_new_tokens": cfg.rollout.max_new_tokens,
+        "env": cfg.env.model_dump(),
+        "seed": cfg.run.seed,
+        "sandbox_limits": [s.timeout_s, s.cpu_s, s.memory_mb, s.max_output_bytes],
+        **(
+            {"compute": "bfloat16"}
+            if compute_dtype(cfg.model.compute, cfg.run.device) == torch.bfloat16
+            else {}
+        ),
+    }
 
 
-def heldout_eval(ws: Workspace, model_dir: Path, sandbox: Sandbox, name: str, step: int | None = None,
-                 tasks: list[Task] | None = None, sampled: bool = True) -> dict[str, Any]:
+def heldout_eval(
+    ws: Workspace,
+    model_dir: Path,
+    sandbox: Sandbox,
+    name: str,
+    step: int | None = None,
+    tasks: list[Task] | None = None,
+    sampled: bool = True,
+) -> dict[str, Any]:
     """Sampled (T = eval.temperature, eval.samples per task; unless `sampled` is False) and greedy pass@1 on
     `tasks` (all held-out tasks by default).
 
@@ -190,13 +234,16 @@ def heldout_eval(ws: Workspace, model_dir: Path, sandbox: Sandbox, name: str, st
         ws.log(f"{name}.json evaluated {was} with other settings or another model; evaluating {key['model']}")
     cfg = ws.cfg
     began = time.perf_counter()
-    engine = config_engine(cfg, model_dir, SamplingParams(cfg.eval.temperature, 1.0, cfg.rollout.max_new_tokens))
+    engine = config_engine(
+        cfg, model_dir, SamplingParams(cfg.eval.temperature, 1.0, cfg.rollout.max_new_tokens)
+    )
     kw = dict(max_context=cfg.env.max_context, chat=cfg.env.chat_format)
     ctx = env_context(cfg, sandbox)
     result: dict[str, Any] = {"evaluated": key}
     if sampled:
-        result["sampled"] = evaluate(engine, tasks, ctx, samples=cfg.eval.samples, seed=cfg.run.seed + 7,
-                                     **kw).to_json()
+        result["sampled"] = evaluate(
+            engine, tasks, ctx, samples=cfg.eval.samples, seed=cfg.run.seed + 7, **kw
+        ).to_json()
     result["greedy"] = evaluate(engine, tasks, ctx, greedy=True, **kw).to_json()
     result["wall_time_s"] = time.perf_counter() - began
     write_json(path, result)
@@ -205,7 +252,9 @@ def heldout_eval(ws: Workspace, model_dir: Path, sandbox: Sandbox, name: str, st
 
 def config_engine(cfg: RunConfig, model_dir: Path, sampling: SamplingParams):
     """An engine over `model_dir` as the config loads and runs models (dtype, device, compute)."""
-    return open_model(model_dir, sampling, device=cfg.run.device, compute=cfg.model.compute, dtype=cfg.model.dtype)
+    return open_model(
+        model_dir, sampling, device=cfg.run.device, compute=cfg.model.compute, dtype=cfg.model.dtype
+    )
 
 
 def measure_pass_rates(cfg: RunConfig, per_family: int, samples: int, seed: int) -> dict[str, Any]:
@@ -213,8 +262,10 @@ def measure_pass_rates(cfg: RunConfig, per_family: int, samples: int, seed: int)
     each, sampled as RL samples (rollout temperature and length, the environment's instruction): what
     `tempering data pass-rates` writes and `data.pass_rates` reads."""
     if not (cfg.model.name or cfg.model.path):
-        raise ConfigError("data pass-rates: the config names no start model (model.name or model.path); "
-                          "the built-in tiny model exists only after the run's SFT")
+        raise ConfigError(
+            "data pass-rates: the config names no start model (model.name or model.path); "
+            "the built-in tiny model exists only after the run's SFT"
+        )
     d, ro = cfg.data, cfg.rollout
     train = load_tasks(d.train_file, d.columns) if d.train_file else builtin_tasks(cfg)[0]
     tasks = pick_per_family(train, per_family)
@@ -224,18 +275,34 @@ def measure_pass_rates(cfg: RunConfig, per_family: int, samples: int, seed: int)
     engine = config_engine(cfg, model_dir, SamplingParams(ro.temperature, ro.top_p, ro.max_new_tokens))
     began = time.perf_counter()
     with make_sandbox(cfg) as sandbox:
-        report = evaluate(engine, tasks, env_context(cfg, sandbox), samples=samples,
-                          max_context=cfg.env.max_context, seed=seed, chat=cfg.env.chat_format)
-    return {"model": cfg.model.name or str(model_dir), "samples": report.samples, "temperature": ro.temperature,
-            "max_new_tokens": ro.max_new_tokens, "tasks": len(tasks), "pass@1": report.overall["pass@1"],
-            "wall_time_s": round(time.perf_counter() - began, 1),
-            "families": family_rates(tasks, report.per_task, report.samples)}
+        report = evaluate(
+            engine,
+            tasks,
+            env_context(cfg, sandbox),
+            samples=samples,
+            max_context=cfg.env.max_context,
+            seed=seed,
+            chat=cfg.env.chat_format,
+        )
+    return {
+        "model": cfg.model.name or str(model_dir),
+        "samples": report.samples,
+        "temperature": ro.temperature,
+        "max_new_tokens": ro.max_new_tokens,
+        "tasks": len(tasks),
+        "pass@1": report.overall["pass@1"],
+        "wall_time_s": round(time.perf_counter() - began, 1),
+        "families": family_rates(tasks, report.per_task, report.samples),
+    }
 
 
-def benchmark_eval(ws: Workspace, name: str, model_dir: Path, sandbox: Sandbox, when: str,
-                   step: int | None = None) -> dict[str, Any]:
+def benchmark_eval(
+    ws: Workspace, name: str, model_dir: Path, sandbox: Sandbox, when: str, step: int | None = None
+) -> dict[str, Any]:
     """Greedy pass@1 on a named task set of `eval.benchmarks` (RUN_DIR/<name>_<when>.json)."""
-    result = heldout_eval(ws, model_dir, sandbox, f"{name}_{when}", step, tasks=ws.benchmarks[name], sampled=False)
+    result = heldout_eval(
+        ws, model_dir, sandbox, f"{name}_{when}", step, tasks=ws.benchmarks[name], sampled=False
+    )
     ws.log(f"{name} greedy pass@1 {when} RL: {result['greedy']['overall']['pass@1']:.1%}")
     return result
 
@@ -244,15 +311,31 @@ def rl_stage(ws: Workspace, start: Path, sandbox: Sandbox) -> tuple[Path, int]:
     """RL from the newest checkpoint (or `start`) to `train.steps` or `train.max_time_s`.
     -> (the final checkpoint's model directory, its step)"""
     cfg = ws.cfg
-    state = TrainState.build_or_resume(cfg, ws.run_dir, ws.rl_tasks, start, resume=ws.resume,
-                                       allow_config_change=ws.allow_config_change, log=ws.log)
+    state = TrainState.build_or_resume(
+        cfg,
+        ws.run_dir,
+        ws.rl_tasks,
+        start,
+        resume=ws.resume,
+        allow_config_change=ws.allow_config_change,
+        log=ws.log,
+    )
     last = state.step
     try:
         if state.step < cfg.train.steps:
             t = cfg.tracking
-            tracker = Tracker(ws.run_dir, start_step=state.step, total_steps=cfg.train.steps,
-                              tensorboard=t.tensorboard, progress=t.progress, console=ws.console,
-                              wandb=t.wandb, mlflow=t.mlflow, project=t.project, config=cfg.model_dump())
+            tracker = Tracker(
+                ws.run_dir,
+                start_step=state.step,
+                total_steps=cfg.train.steps,
+                tensorboard=t.tensorboard,
+                progress=t.progress,
+                console=ws.console,
+                wandb=t.wandb,
+                mlflow=t.mlflow,
+                project=t.project,
+                config=cfg.model_dump(),
+            )
             try:
                 roles = build_roles(cfg, state, ws.heldout_tasks, sandbox, log=ws.log)
                 last = RLTrainer(cfg, state, ws.heldout_tasks, roles, log=ws.log).run(tracker)
@@ -273,28 +356,38 @@ def final_checkpoint(state: TrainState, cfg: RunConfig, step: int) -> Path:
         state.save(step, cfg.to_yaml())
     if not final.is_dir():
         what = "make room and run" if isinstance(saver.last_failure, DiskFullError) else "fix that and run"
-        raise CheckpointError(f"{saver.errors[-1]}; the evaluation after RL needs this final checkpoint, and "
-                              f"{saver.kept()}: {what} the same command again")
+        raise CheckpointError(
+            f"{saver.errors[-1]}; the evaluation after RL needs this final checkpoint, and "
+            f"{saver.kept()}: {what} the same command again"
+        )
     return final
 
 
 # ------------------------------------------------------------------------------------------- train
 
 
-def train(cfg: RunConfig, console: Console | None = None, allow_config_change: bool = False) -> dict[str, Any]:
+def train(
+    cfg: RunConfig, console: Console | None = None, allow_config_change: bool = False
+) -> dict[str, Any]:
     """The whole recipe; returns summary.json's content."""
     began = time.perf_counter()
     ws = prepare(cfg, console, allow_config_change, resume=True)
-    ws.log(f"run directory: {ws.run_dir}  ({len(ws.sft_tasks)} SFT tasks, {len(ws.rl_tasks)} RL tasks, "
-           f"{len(ws.heldout_tasks)} held-out)")
+    ws.log(
+        f"run directory: {ws.run_dir}  ({len(ws.sft_tasks)} SFT tasks, {len(ws.rl_tasks)} RL tasks, "
+        f"{len(ws.heldout_tasks)} held-out)"
+    )
     sandbox = make_sandbox(cfg)
     try:
         start = base_model_dir(ws, sandbox)
         start = sft_stage(ws, start, sandbox)
         before = heldout_eval(ws, start, sandbox, "eval_before")
-        ws.log(f"held-out pass@1 before RL: sampled {before['sampled']['overall']['pass@1']:.1%}, "
-               f"greedy {before['greedy']['overall']['pass@1']:.1%}")
-        benchmarks = {name: [benchmark_eval(ws, name, start, sandbox, "before")] for name in cfg.eval.benchmarks}
+        ws.log(
+            f"held-out pass@1 before RL: sampled {before['sampled']['overall']['pass@1']:.1%}, "
+            f"greedy {before['greedy']['overall']['pass@1']:.1%}"
+        )
+        benchmarks = {
+            name: [benchmark_eval(ws, name, start, sandbox, "before")] for name in cfg.eval.benchmarks
+        }
         final, last_step = rl_stage(ws, start, sandbox)
         gc.collect()  # the trainer's models and engine (reference cycles) go before the final model is loaded
         after = heldout_eval(ws, final, sandbox, "eval_after", step=last_step)
@@ -302,9 +395,12 @@ def train(cfg: RunConfig, console: Console | None = None, allow_config_change: b
             pair.append(benchmark_eval(ws, name, final, sandbox, "after", step=last_step))
     finally:
         sandbox.close()
-    summary = write_summary(ws, before, after, time.perf_counter() - began,
-                            benchmarks={name: tuple(pair) for name, pair in benchmarks.items()})
+    summary = write_summary(
+        ws,
+        before,
+        after,
+        time.perf_counter() - began,
+        benchmarks={name: tuple(pair) for name, pair in benchmarks.items()},
+    )
     print_summary(ws.console, summary)
     return summary
-
-

@@ -18,8 +18,9 @@ def load_callable(spec: str, what: str = "function") -> Callable[..., Any]:
     try:
         module = importlib.import_module(module_name)
     except Exception as e:  # noqa: BLE001 - user code may fail to import in any way; say which and why
-        raise ConfigError(f"{what} '{spec}': cannot import module '{module_name}' "
-                          f"({type(e).__name__}: {e})") from None
+        raise ConfigError(
+            f"{what} '{spec}': cannot import module '{module_name}' ({type(e).__name__}: {e})"
+        ) from None
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise ConfigError(f"{what} '{spec}': module '{module_name}' has no callable '{attr}'")

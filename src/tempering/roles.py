@@ -39,13 +39,16 @@ class Roles:
     trainers: Any = None
 
 
-def build_roles(cfg: RunConfig, state: TrainState, heldout_tasks: list[Task], sandbox: Sandbox,
-                log=print) -> Roles:
+def build_roles(
+    cfg: RunConfig, state: TrainState, heldout_tasks: list[Task], sandbox: Sandbox, log=print
+) -> Roles:
     """Build every part of the run on `state` (a new or a resumed one)."""
     source = RolloutSource(cfg, state.policy, state.tokenizer, sandbox, version=state.step)
     ref = None
     if cfg.algo.kl_coef > 0:
-        model, adapters = (state.ref, True) if state.ref is not None else (state.policy, False)  # LoRA: the base
+        model, adapters = (
+            (state.ref, True) if state.ref is not None else (state.policy, False)
+        )  # LoRA: the base
         ref = make_engine(model, state.tokenizer, source.engine.sampling, adapters=adapters)
     pool = make_pool(cfg, source, state.policy, probe(cfg, state, heldout_tasks), log=log)
     pool.publish(state.step, state.policy)
@@ -55,8 +58,15 @@ def build_roles(cfg: RunConfig, state: TrainState, heldout_tasks: list[Task], sa
         from tempering.distributed.ray_trainers import TrainerGroup
 
         trainers = TrainerGroup(cfg, state, log=log)
-    return Roles(bind_estimator(cfg), bind_policy_loss(cfg), UpdateSettings.from_config(cfg), source, ref, pool,
-                 trainers)
+    return Roles(
+        bind_estimator(cfg),
+        bind_policy_loss(cfg),
+        UpdateSettings.from_config(cfg),
+        source,
+        ref,
+        pool,
+        trainers,
+    )
 
 
 def probe(cfg: RunConfig, state: TrainState, heldout_tasks: list[Task]) -> Probe:

@@ -41,23 +41,31 @@ class Resume:
     def record(self, run_dir: Path, allow_config_change: bool, log=print) -> None:
         if self.change is not None:
             config_history.record(run_dir, self.change, allow_config_change)
-            log(f"config differs from checkpoint {self.checkpoint.path.name} (accepted with "
-                f"--allow-config-change): {self.change.describe(self.change.forced)}")
+            log(
+                f"config differs from checkpoint {self.checkpoint.path.name} (accepted with "
+                f"--allow-config-change): {self.change.describe(self.change.forced)}"
+            )
 
 
-def find_resume(cfg: RunConfig, run_dir: Path, *, allow_config_change: bool = False, vetted: str | None = None,
-                log=print) -> Resume:
+def find_resume(
+    cfg: RunConfig, run_dir: Path, *, allow_config_change: bool = False, vetted: str | None = None, log=print
+) -> Resume:
     """The newest valid checkpoint, local or from `checkpoint.uri` (downloaded into the run directory);
     partial or corrupt ones are named in the log and skipped. Its config is checked against `cfg`
     (`config_history.check_checkpoint`; `vetted`: the config `check_resume` compared `cfg` with, not yet
     recorded): a refusal raises ConfigError. Nothing else in the run directory is written."""
     c = cfg.checkpoint
-    remote = ckpt.RemoteStore(c.uri, c.storage, retries=c.upload_retries, backoff_s=c.retry_backoff_s,
-                              log=log) if c.uri else None
+    remote = (
+        ckpt.RemoteStore(c.uri, c.storage, retries=c.upload_retries, backoff_s=c.retry_backoff_s, log=log)
+        if c.uri
+        else None
+    )
     latest = ckpt.resume_point(run_dir / "checkpoints", remote, log)
     change = None
     if latest is not None:  # e.g. a checkpoint from `checkpoint.uri`, saved under another config
-        change = config_history.check_checkpoint(run_dir, latest.path, cfg, allow_config_change, vetted=vetted)
+        change = config_history.check_checkpoint(
+            run_dir, latest.path, cfg, allow_config_change, vetted=vetted
+        )
     return Resume(remote, latest, change)
 
 
@@ -85,8 +93,17 @@ class TrainState:
     batches checks the weight sync: `sync/canary_max_abs_diff`); the next row reports them, resumed or not."""
 
     @classmethod
-    def build_or_resume(cls, cfg: RunConfig, run_dir: Path, train_tasks: list[Task], start_model_dir: Path,
-                        *, resume: Resume | None = None, allow_config_change: bool = False, log=print) -> TrainState:
+    def build_or_resume(
+        cls,
+        cfg: RunConfig,
+        run_dir: Path,
+        train_tasks: list[Task],
+        start_model_dir: Path,
+        *,
+        resume: Resume | None = None,
+        allow_config_change: bool = False,
+        log=print,
+    ) -> TrainState:
         """`resume`: where to resume, as `find_resume` found it (`workspace.prepare`, before it wrote anything);
         None: looked up here, and a config change its checkpoint brings recorded."""
         algo, c = cfg.algo, cfg.checkpoint
@@ -94,17 +111,28 @@ class TrainState:
             resume = find_resume(cfg, run_dir, allow_config_change=allow_config_change, log=log)
             resume.record(run_dir, allow_config_change, log)
         remote, latest, checkpoints = resume.remote, resume.checkpoint, run_dir / "checkpoints"
-        saver = ckpt.Saver(checkpoints, keep=c.keep, keep_every=c.keep_every, remote=remote,
-                           asynchronous=c.async_save, log=log)
+        saver = ckpt.Saver(
+            checkpoints,
+            keep=c.keep,
+            keep_every=c.keep_every,
+            remote=remote,
+            asynchronous=c.async_save,
+            log=log,
+        )
         model_dir = latest.model_dir if latest else start_model_dir
         policy = load_policy(cfg, start_model_dir, model_dir)
         optimizer = make_optimizer(policy, lr=algo.lr, weight_decay=algo.weight_decay)
         state = cls(
-            policy=policy, tokenizer=load_tokenizer(model_dir), optimizer=optimizer,
+            policy=policy,
+            tokenizer=load_tokenizer(model_dir),
+            optimizer=optimizer,
             scheduler=make_scheduler(optimizer, warmup_steps=algo.warmup_steps, total_steps=cfg.train.steps),
-            sampler=MixtureSampler(train_tasks, cfg.data.mixture, cfg.run.seed) if cfg.data.mixture
+            sampler=MixtureSampler(train_tasks, cfg.data.mixture, cfg.run.seed)
+            if cfg.data.mixture
             else TaskSampler(train_tasks, seed=cfg.run.seed),
-            kl=KLController(algo.kl_coef, target=algo.kl_target, horizon=algo.kl_horizon), saver=saver)
+            kl=KLController(algo.kl_coef, target=algo.kl_target, horizon=algo.kl_horizon),
+            saver=saver,
+        )
         if algo.kl_coef > 0 and not cfg.model.lora.r:
             state.ref = load_model(start_model_dir, dtype=cfg.model.dtype, device=cfg.run.device).eval()
             state.ref.requires_grad_(False)
@@ -118,8 +146,11 @@ class TrainState:
             if "kl" in saved:
                 state.kl.load_state_dict(saved["kl"])
             if state.critic_optimizer is not None:
-                state.critic_optimizer.load_state_dict(torch.load(latest.path / "critic" / "optimizer.pt",
-                                                                  map_location="cpu", weights_only=False))
+                state.critic_optimizer.load_state_dict(
+                    torch.load(
+                        latest.path / "critic" / "optimizer.pt", map_location="cpu", weights_only=False
+                    )
+                )
             state.step = latest.step
             state.pool_metrics = saved.get("pool_metrics", {})
             if (latest.path / LOOKAHEAD).is_file():
@@ -127,15 +158,23 @@ class TrainState:
             log(f"resuming from {latest.path.name}")
         return state
 
-    def save(self, step: int, config_yaml: str, lookahead: dict | None = None,
-             pool_metrics: dict[str, float] | None = None) -> None:
+    def save(
+        self,
+        step: int,
+        config_yaml: str,
+        lookahead: dict | None = None,
+        pool_metrics: dict[str, float] | None = None,
+    ) -> None:
         """Snapshot the state now (CPU copies); the saver writes (and uploads) it while training goes on.
         `lookahead`: the finished batches of later steps (asynchronous rollouts), saved with it;
         `pool_metrics`: the pool's figures that the next row reports."""
         writers = []
         if self.critic is not None:
             critic, optimizer = self.critic, copy.deepcopy(self.critic_optimizer.state_dict())
-            backbone, head = ckpt.cpu_copy(critic.backbone.state_dict()), ckpt.cpu_copy(critic.head.state_dict())
+            backbone, head = (
+                ckpt.cpu_copy(critic.backbone.state_dict()),
+                ckpt.cpu_copy(critic.head.state_dict()),
+            )
 
             def write_critic(directory: Path) -> None:
                 critic.save_snapshot(directory / "critic", backbone, head)
@@ -150,11 +189,22 @@ class TrainState:
             for write in writers:
                 write(directory)
 
-        self.saver.save(ckpt.snapshot(
-            step, model=self.policy, tokenizer=self.tokenizer, optimizer=self.optimizer, scheduler=self.scheduler,
-            trainer_state={"sampler": self.sampler.state_dict(), "kl": self.kl.state_dict(),
-                           **({"pool_metrics": dict(pool_metrics)} if pool_metrics else {})},
-            config_yaml=config_yaml, extra=extra if writers else None))
+        self.saver.save(
+            ckpt.snapshot(
+                step,
+                model=self.policy,
+                tokenizer=self.tokenizer,
+                optimizer=self.optimizer,
+                scheduler=self.scheduler,
+                trainer_state={
+                    "sampler": self.sampler.state_dict(),
+                    "kl": self.kl.state_dict(),
+                    **({"pool_metrics": dict(pool_metrics)} if pool_metrics else {}),
+                },
+                config_yaml=config_yaml,
+                extra=extra if writers else None,
+            )
+        )
 
 
 def load_policy(cfg: RunConfig, start_model_dir: Path, model_dir: Path) -> torch.nn.Module:
@@ -166,6 +216,13 @@ def load_policy(cfg: RunConfig, start_model_dir: Path, model_dir: Path) -> torch
     else:
         policy = load_model(model_dir, dtype=m.dtype, device=cfg.run.device)
         if m.lora.r:
-            policy = add_adapters(policy, start_model_dir, r=m.lora.r, alpha=m.lora.alpha, dropout=m.lora.dropout,
-                                  target_modules=m.lora.target_modules, seed=cfg.run.seed)
+            policy = add_adapters(
+                policy,
+                start_model_dir,
+                r=m.lora.r,
+                alpha=m.lora.alpha,
+                dropout=m.lora.dropout,
+                target_modules=m.lora.target_modules,
+                seed=cfg.run.seed,
+            )
     return policy

@@ -16,8 +16,13 @@ from tempering.tracking.plot import plot_run
 from tempering.workspace import Workspace, write_json
 
 
-def write_summary(ws: Workspace, before: dict, after: dict, wall_time_s: float,
-                  benchmarks: dict[str, tuple[dict, dict]] | None = None) -> dict[str, Any]:
+def write_summary(
+    ws: Workspace,
+    before: dict,
+    after: dict,
+    wall_time_s: float,
+    benchmarks: dict[str, tuple[dict, dict]] | None = None,
+) -> dict[str, Any]:
     """summary.json; `benchmarks`: {task set: (greedy evaluation before RL, after)} of `eval.benchmarks`."""
     rows = read_metrics(ws.run_dir / "metrics.jsonl")
     sft_done = ws.run_dir / "sft" / "DONE.json"
@@ -28,9 +33,14 @@ def write_summary(ws: Workspace, before: dict, after: dict, wall_time_s: float,
         "heldout_greedy_pass@1_before": before["greedy"]["overall"]["pass@1"],
         "heldout_greedy_pass@1_after": after["greedy"]["overall"]["pass@1"],
         "heldout_tasks": before["sampled"]["num_tasks"],
-        **({"heldout_first_turn_pass@1_before": before["sampled"]["overall"]["first_turn_pass@1"],
-            "heldout_first_turn_pass@1_after": after["sampled"]["overall"]["first_turn_pass@1"]}
-           if "first_turn_pass@1" in before["sampled"]["overall"] else {}),
+        **(
+            {
+                "heldout_first_turn_pass@1_before": before["sampled"]["overall"]["first_turn_pass@1"],
+                "heldout_first_turn_pass@1_after": after["sampled"]["overall"]["first_turn_pass@1"],
+            }
+            if "first_turn_pass@1" in before["sampled"]["overall"]
+            else {}
+        ),
         "heldout_samples_per_task": before["sampled"]["samples"],
         "temperature": before["sampled"]["temperature"],
         "per_domain_before": {d: v["pass@1"] for d, v in before["sampled"]["per_domain"].items()},
@@ -51,17 +61,24 @@ def write_summary(ws: Workspace, before: dict, after: dict, wall_time_s: float,
         summary["intervals"] = intervals
     if benchmarks:
         summary["benchmarks"] = {name: benchmark_summary(b, a) for name, (b, a) in benchmarks.items()}
-        summary["wall_time_split_s"]["benchmarks"] = sum(b["wall_time_s"] + a["wall_time_s"]
-                                                         for b, a in benchmarks.values())
+        summary["wall_time_split_s"]["benchmarks"] = sum(
+            b["wall_time_s"] + a["wall_time_s"] for b, a in benchmarks.values()
+        )
     history = config_history.read_history(ws.run_dir)
     if history:
         summary["config_changes"] = history
     write_json(ws.run_dir / "summary.json", summary)
-    val_before = {"val/pass@1": summary["heldout_pass@1_before"],
-                  "val/greedy_pass@1": summary["heldout_greedy_pass@1_before"]}
-    val_after = {"val/pass@1": summary["heldout_pass@1_after"],
-                 "val/greedy_pass@1": summary["heldout_greedy_pass@1_after"]}
-    plot_run(rows, ws.run_dir / "plot.png", before=val_before, after=val_after, temperature=ws.cfg.eval.temperature)
+    val_before = {
+        "val/pass@1": summary["heldout_pass@1_before"],
+        "val/greedy_pass@1": summary["heldout_greedy_pass@1_before"],
+    }
+    val_after = {
+        "val/pass@1": summary["heldout_pass@1_after"],
+        "val/greedy_pass@1": summary["heldout_greedy_pass@1_after"],
+    }
+    plot_run(
+        rows, ws.run_dir / "plot.png", before=val_before, after=val_after, temperature=ws.cfg.eval.temperature
+    )
     return summary
 
 
@@ -72,8 +89,11 @@ def heldout_intervals(before: dict, after: dict, domains: dict[str, str]) -> dic
     for kind in ("sampled", "greedy"):
         b, a = before[kind], after[kind]
         if b.get("per_task") and a.get("per_task"):
-            out[kind] = pass_intervals({t: c / b["samples"] for t, c in b["per_task"].items()},
-                                       {t: c / a["samples"] for t, c in a["per_task"].items()}, domains)
+            out[kind] = pass_intervals(
+                {t: c / b["samples"] for t, c in b["per_task"].items()},
+                {t: c / a["samples"] for t, c in a["per_task"].items()},
+                domains,
+            )
     return out
 
 
@@ -81,9 +101,12 @@ def benchmark_summary(before: dict, after: dict) -> dict[str, Any]:
     """Greedy pass@1 of a named task set before and after RL, with 95% intervals and the paired gain."""
     b, a = before["greedy"], after["greedy"]
     ids = {t: "all" for t in b["per_task"]}
-    return {"tasks": b["num_tasks"], "greedy_pass@1_before": b["overall"]["pass@1"],
-            "greedy_pass@1_after": a["overall"]["pass@1"],
-            "intervals": pass_intervals(b["per_task"], a["per_task"], ids)["all"]}
+    return {
+        "tasks": b["num_tasks"],
+        "greedy_pass@1_before": b["overall"]["pass@1"],
+        "greedy_pass@1_after": a["overall"]["pass@1"],
+        "intervals": pass_intervals(b["per_task"], a["per_task"], ids)["all"],
+    }
 
 
 def print_summary(console: Console, summary: dict[str, Any]) -> None:
@@ -100,17 +123,33 @@ def print_summary(console: Console, summary: dict[str, Any]) -> None:
         return [format_gain(g)] if intervals else []
 
     for domain, value in summary["per_domain_before"].items():
-        table.add_row(domain, f"{value:.1%}", f"{summary['per_domain_after'][domain]:.1%}", *gain("sampled", domain))
-    table.add_row("[bold]all (sampled)", f"{summary['heldout_pass@1_before']:.1%}",
-                  f"{summary['heldout_pass@1_after']:.1%}", *gain("sampled", "all"))
-    table.add_row("[bold]all (greedy)", f"{summary['heldout_greedy_pass@1_before']:.1%}",
-                  f"{summary['heldout_greedy_pass@1_after']:.1%}", *gain("greedy", "all"))
+        table.add_row(
+            domain, f"{value:.1%}", f"{summary['per_domain_after'][domain]:.1%}", *gain("sampled", domain)
+        )
+    table.add_row(
+        "[bold]all (sampled)",
+        f"{summary['heldout_pass@1_before']:.1%}",
+        f"{summary['heldout_pass@1_after']:.1%}",
+        *gain("sampled", "all"),
+    )
+    table.add_row(
+        "[bold]all (greedy)",
+        f"{summary['heldout_greedy_pass@1_before']:.1%}",
+        f"{summary['heldout_greedy_pass@1_after']:.1%}",
+        *gain("greedy", "all"),
+    )
     for name, b in summary.get("benchmarks", {}).items():
-        table.add_row(f"[bold]{name} (greedy, {b['tasks']})", f"{b['greedy_pass@1_before']:.1%}",
-                      f"{b['greedy_pass@1_after']:.1%}", *([format_gain(b["intervals"]["gain"])] if intervals else []))
+        table.add_row(
+            f"[bold]{name} (greedy, {b['tasks']})",
+            f"{b['greedy_pass@1_before']:.1%}",
+            f"{b['greedy_pass@1_after']:.1%}",
+            *([format_gain(b["intervals"]["gain"])] if intervals else []),
+        )
     console.print(table)
     console.print(f"wall time {summary['wall_time_s']:.0f} s")
     evaluated, planned = summary.get("rl_step_evaluated"), summary.get("rl_steps_planned")
     if evaluated is not None and planned is not None and evaluated < planned:
-        console.print(f"RL stopped at step {evaluated} of {planned} (train.max_time_s); run the same command "
-                      "again to continue (the evaluation after RL is then redone)")
+        console.print(
+            f"RL stopped at step {evaluated} of {planned} (train.max_time_s); run the same command "
+            "again to continue (the evaluation after RL is then redone)"
+        )

@@ -41,8 +41,10 @@ class TestCase(BaseModel):
     @model_validator(mode="after")
     def _one_style(self) -> TestCase:
         if sum(x is not None for x in (self.input, self.stdin, self.check)) != 1:
-            raise ValueError("a test case needs exactly one of 'input' (function call), 'stdin' (program) "
-                             "or 'check' (test code)")
+            raise ValueError(
+                "a test case needs exactly one of 'input' (function call), 'stdin' (program) "
+                "or 'check' (test code)"
+            )
         if self.stdin is not None and self.stdout is None:
             raise ValueError("a stdin test case needs the expected 'stdout'")
         return self
@@ -105,7 +107,14 @@ class Task(BaseModel):
 # ----------------------------------------------------------------------------------------- execution
 
 ExecStatus = Literal[
-    "ok", "runtime_error", "compile_error", "timeout", "memory_limit", "output_limit", "killed", "sandbox_error"
+    "ok",
+    "runtime_error",
+    "compile_error",
+    "timeout",
+    "memory_limit",
+    "output_limit",
+    "killed",
+    "sandbox_error",
 ]
 EXEC_STATUSES: tuple[str, ...] = ExecStatus.__args__  # type: ignore[attr-defined]
 

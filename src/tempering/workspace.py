@@ -64,13 +64,15 @@ class Workspace:
             # Reference transcripts may need more turns than RL allows (retries of a flaky call).
             ctx = env_context(self.cfg, sandbox)
             ctx.max_turns = max(ctx.max_turns, 8)
-            self._transcripts = sft_transcripts(self.sft_tasks, ctx, repair_fraction=self.cfg.sft.repair_fraction,
-                                                seed=self.cfg.data.seed)
+            self._transcripts = sft_transcripts(
+                self.sft_tasks, ctx, repair_fraction=self.cfg.sft.repair_fraction, seed=self.cfg.data.seed
+            )
         return self._transcripts
 
 
-def prepare(cfg: RunConfig, console: Console | None = None, allow_config_change: bool = False,
-            resume: bool = False) -> Workspace:
+def prepare(
+    cfg: RunConfig, console: Console | None = None, allow_config_change: bool = False, resume: bool = False
+) -> Workspace:
     """Validate the inputs, then create the run directory and write the resolved config.
 
     On an existing run directory, a config that differs from the recorded one outside
@@ -118,15 +120,22 @@ def prepare(cfg: RunConfig, console: Console | None = None, allow_config_change:
     configure(cfg.run.threads)
     found = None
     if resume:  # the checkpoint RL resumes from is found (and its config checked) before anything is written
-        found = find_resume(cfg, run_dir, allow_config_change=allow_config_change, log=console.print,
-                            vetted=change.previous_yaml if change is not None else None)
+        found = find_resume(
+            cfg,
+            run_dir,
+            allow_config_change=allow_config_change,
+            log=console.print,
+            vetted=change.previous_yaml if change is not None else None,
+        )
 
     run_dir.mkdir(parents=True, exist_ok=True)
     if change is not None:
         entry = config_history.record(run_dir, change, allow_config_change)
         how = "accepted with --allow-config-change" if change.forced else "allowed on resume"
-        console.print(f"config changed ({how}): {change.describe()}; previous config kept in "
-                      f"{run_dir / entry['previous_config']}")
+        console.print(
+            f"config changed ({how}): {change.describe()}; previous config kept in "
+            f"{run_dir / entry['previous_config']}"
+        )
     if found is not None:
         found.record(run_dir, allow_config_change, console.print)
     write_atomic(run_dir / "config.yaml", cfg.to_yaml())
@@ -134,8 +143,18 @@ def prepare(cfg: RunConfig, console: Console | None = None, allow_config_change:
     if not (data_dir / "heldout.jsonl").exists():
         save_tasks(train, data_dir / "train.jsonl")
         save_tasks(heldout, data_dir / "heldout.jsonl")
-    return Workspace(cfg, run_dir, train, heldout, sft, rl, console, benchmarks,
-                     allow_config_change=allow_config_change, resume=found)
+    return Workspace(
+        cfg,
+        run_dir,
+        train,
+        heldout,
+        sft,
+        rl,
+        console,
+        benchmarks,
+        allow_config_change=allow_config_change,
+        resume=found,
+    )
 
 
 START_RECORD = "start.json"
@@ -157,8 +176,9 @@ def builtin_tasks(cfg: RunConfig, rates: dict[str, float] | None = None) -> tupl
     try:
         if d.generator == "code":
             templates = _templates_in_range(cfg, rates) if rates is not None else d.templates
-            return generate_tasks(d.num_train, d.num_heldout, d.seed, d.domains, templates=templates,
-                                  describe=d.describe)
+            return generate_tasks(
+                d.num_train, d.num_heldout, d.seed, d.domains, templates=templates, describe=d.describe
+            )
         if d.generator == "tools":
             from tempering.envs.tool_tasks import generate_tool_tasks
 
@@ -174,8 +194,14 @@ def builtin_tasks(cfg: RunConfig, rates: dict[str, float] | None = None) -> tupl
         from tempering.envs.gym import gym_datasets, gym_tasks
 
         names = d.gym_datasets or gym_datasets()
-        return gym_tasks(names, max(1, d.num_train // len(names)), d.gym_heldout_per_domain, d.seed,
-                         config=d.gym_config, max_prompt_chars=d.gym_max_prompt_chars)
+        return gym_tasks(
+            names,
+            max(1, d.num_train // len(names)),
+            d.gym_heldout_per_domain,
+            d.seed,
+            config=d.gym_config,
+            max_prompt_chars=d.gym_max_prompt_chars,
+        )
     except (ValueError, ImportError) as e:
         raise ConfigError(f"data ({d.generator} tasks): {e}") from None
 
@@ -191,8 +217,9 @@ def _templates_in_range(cfg: RunConfig, rates: dict[str, float]) -> list[str]:
     return names
 
 
-def _in_pass_range(cfg: RunConfig, rates: dict[str, float], train: list[Task], heldout: list[Task]
-                   ) -> tuple[list[Task], list[Task]]:
+def _in_pass_range(
+    cfg: RunConfig, rates: dict[str, float], train: list[Task], heldout: list[Task]
+) -> tuple[list[Task], list[Task]]:
     """Training and held-out tasks whose family's measured pass rate is within `data.pass_range` (task
     files; generated tasks were drawn from the templates in range already)."""
     low, high = cfg.data.pass_range
@@ -205,8 +232,10 @@ def _in_pass_range(cfg: RunConfig, rates: dict[str, float], train: list[Task], h
 
 def _nothing_in_range(cfg: RunConfig, rates: dict[str, float], split: str) -> str:
     low, high = cfg.data.pass_range
-    return (f"data.pass_range: [{low}, {high}] leaves no {split} task "
-            f"({sum(low <= r <= high for r in rates.values())} of {len(rates)} families in range)")
+    return (
+        f"data.pass_range: [{low}, {high}] leaves no {split} task "
+        f"({sum(low <= r <= high for r in rates.values())} of {len(rates)} families in range)"
+    )
 
 
 def _check_disjoint(train: list[Task], heldout: list[Task]) -> None:
@@ -221,8 +250,10 @@ def _check_task_envs(cfg: RunConfig, tasks: list[Task]) -> None:
     for name in sorted({t.env for t in tasks}):
         task = next(t for t in tasks if t.env == name)
         if ":" in name and name not in cfg.env.plugins:
-            raise ConfigError(f"task '{task.id}': env '{name}' is not listed in env.plugins (an environment "
-                              "of your own is named there, so it is checked when the config loads)")
+            raise ConfigError(
+                f"task '{task.id}': env '{name}' is not listed in env.plugins (an environment "
+                "of your own is named there, so it is checked when the config loads)"
+            )
         try:
             environment_class(name)
         except ConfigError as e:
@@ -240,8 +271,10 @@ def check_sandbox_url(cfg: RunConfig, timeout_s: float = 5.0) -> None:
     except SandboxError as e:
         raise ConfigError(f"sandbox.url: {' '.join(str(e).split())}") from None
     except ValueError:  # a 200 that is not JSON: some other server
-        raise ConfigError(f"sandbox.url: {cfg.sandbox.url}/health did not answer as a tempering sandbox service "
-                          "(`tempering sandbox serve`)") from None
+        raise ConfigError(
+            f"sandbox.url: {cfg.sandbox.url}/health did not answer as a tempering sandbox service "
+            "(`tempering sandbox serve`)"
+        ) from None
     finally:
         probe.close()
 
@@ -255,7 +288,9 @@ def _check_outside_inputs(cfg: RunConfig) -> None:
     if cfg.checkpoint.uri:
         from tempering.checkpoint import RemoteStore
 
-        RemoteStore(cfg.checkpoint.uri, cfg.checkpoint.storage)  # an unknown scheme or missing driver fails here
+        RemoteStore(
+            cfg.checkpoint.uri, cfg.checkpoint.storage
+        )  # an unknown scheme or missing driver fails here
 
 
 def sandbox_limits(cfg: RunConfig) -> SandboxLimits:

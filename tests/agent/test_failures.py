@@ -7,9 +7,14 @@ from tempering.envs.code import split_examples, with_examples
 from tempering.rewards.guards import detect
 from tempering.types import Attempt, Task, TestCase
 
-TASK = Task(id="inc", domain="d", prompt="def inc(x):\n", entry_point="inc",
-            tests=[TestCase(input=[1], output=2), TestCase(input=[0], output=1)],
-            examples=[TestCase(input=[3], output=4)])
+TASK = Task(
+    id="inc",
+    domain="d",
+    prompt="def inc(x):\n",
+    entry_point="inc",
+    tests=[TestCase(input=[1], output=2), TestCase(input=[0], output=1)],
+    examples=[TestCase(input=[3], output=4)],
+)
 
 PROGRAMS = {
     "passed": ("def inc(x):\n    return x + 1\n", "all 2 tests pass"),
@@ -50,8 +55,10 @@ def test_a_program_that_dies_at_import_keeps_its_traceback(sandbox):
     [result] = sandbox.run_tests_batch([(TASK, code)])
     failure = classify(result)
     assert failure.kind == "runtime_error"
-    assert failure.message == "ModuleNotFoundError: No module named 'no_such_module_here'"  # the cause, not the harness
-    assert "Traceback" in failure.traceback and 'line 1' in failure.traceback
+    assert (
+        failure.message == "ModuleNotFoundError: No module named 'no_such_module_here'"
+    )  # the cause, not the harness
+    assert "Traceback" in failure.traceback and "line 1" in failure.traceback
 
 
 def test_a_long_traceback_keeps_head_and_tail(sandbox):
@@ -67,20 +74,31 @@ def test_a_guarded_hack_is_rejected(sandbox):
     code = "def inc(x):\n    return {3: 4}.get(x, 0)\n"  # writes the visible example's answer literally
     [result] = sandbox.run_tests_batch([(with_examples(TASK), code)])
     hidden, examples = split_examples(result, len(TASK.tests))
-    hacks = detect(TASK, Attempt(TASK, 0, code.removeprefix(TASK.prompt), False, exec_result=hidden, example_result=examples))
+    hacks = detect(
+        TASK,
+        Attempt(TASK, 0, code.removeprefix(TASK.prompt), False, exec_result=hidden, example_result=examples),
+    )
     assert hacks == ["hardcoded_examples"]
     assert classify(hidden, examples, hacks).kind == "rejected"
 
 
-@pytest.mark.parametrize("kind, program", [
-    ("timeout", "def inc(x):\n    while x == 1:\n        pass\n    return x + 5\n"),
-    ("memory", "def inc(x):\n    if x == 1:\n        a = [0] * (10 ** 10)\n    return x + 5\n"),
-])
+@pytest.mark.parametrize(
+    "kind, program",
+    [
+        ("timeout", "def inc(x):\n    while x == 1:\n        pass\n    return x + 5\n"),
+        ("memory", "def inc(x):\n    if x == 1:\n        a = [0] * (10 ** 10)\n    return x + 5\n"),
+    ],
+)
 def test_timeouts_and_memory_errors_never_name_a_hidden_test(sandbox, kind, program):
     """The first hidden test returns a wrong value (its message would name input 7 and expected 8), the
     second dies: the failure's text names neither - hidden tests are only counted."""
-    task = Task(id="inc", domain="d", prompt="def inc(x):\n", entry_point="inc",
-                tests=[TestCase(input=[7], output=8), TestCase(input=[1], output=2)])
+    task = Task(
+        id="inc",
+        domain="d",
+        prompt="def inc(x):\n",
+        entry_point="inc",
+        tests=[TestCase(input=[7], output=8), TestCase(input=[1], output=2)],
+    )
     [result] = sandbox.run_tests_batch([(task, program)])
     failure = classify(result)
     assert failure.kind == kind, failure

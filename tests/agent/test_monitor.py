@@ -66,7 +66,9 @@ def test_a_webhook_gets_one_post_per_incident():
     server = HTTPServer(("127.0.0.1", 0), Hook)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        rule = AlertRule(f"http://127.0.0.1:{server.server_port}/alert", threshold=0.5, window=10, min_events=5)
+        rule = AlertRule(
+            f"http://127.0.0.1:{server.server_port}/alert", threshold=0.5, window=10, min_events=5
+        )
         for _ in range(50):
             rule.observe(False, endpoint="/v1/chat/completions")
         deadline = time.monotonic() + 10
@@ -86,16 +88,25 @@ def test_metrics_parse_as_prometheus_text():
     m.attempts.labels("syntax_error").inc()
     m.success_rate.set(0.75)
     families = {f.name: f for f in text_string_to_metric_families(m.render().decode())}
-    assert {"tempering_requests", "tempering_request_seconds", "tempering_attempts", "tempering_success_rate",
-            "tempering_alerts"} <= set(families)
+    assert {
+        "tempering_requests",
+        "tempering_request_seconds",
+        "tempering_attempts",
+        "tempering_success_rate",
+        "tempering_alerts",
+    } <= set(families)
     [total] = [s for s in families["tempering_requests"].samples if s.name == "tempering_requests_total"]
     assert total.value == 3 and total.labels == {"endpoint": "/v1/chat/completions", "status": "200"}
 
 
 def test_json_log_lines_are_whole_under_threads(tmp_path):
     log = JsonLog(tmp_path / "log.jsonl")
-    threads = [threading.Thread(target=lambda k=k: [log.write({"k": k, "i": i, "pad": "x" * 500}) for i in range(100)])
-               for k in range(4)]
+    threads = [
+        threading.Thread(
+            target=lambda k=k: [log.write({"k": k, "i": i, "pad": "x" * 500}) for i in range(100)]
+        )
+        for k in range(4)
+    ]
     for t in threads:
         t.start()
     for t in threads:

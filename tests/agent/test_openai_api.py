@@ -42,7 +42,10 @@ def test_check_request_returns_the_stop_strings():
 
 
 def test_check_request_refuses_by_name():
-    assert (refusal(chat(model="other")).status, refusal(chat(model="other")).code) == (404, "model_not_found")
+    assert (refusal(chat(model="other")).status, refusal(chat(model="other")).code) == (
+        404,
+        "model_not_found",
+    )
     assert refusal(chat(logit_bias={"1": 5})).param == "logit_bias"
     assert refusal(chat(n=9)).param == "n"
     assert refusal(chat(max_tokens=101)).param == "max_tokens"  # the cap is the context unless set
@@ -58,7 +61,9 @@ def test_request_messages_refuses_a_part_that_is_not_text():
     given = [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]
     assert request_messages(given) == [{"role": "user", "content": "ab"}]
     with pytest.raises(Refused) as caught:
-        request_messages([{"role": "user", "content": "x"}, {"role": "user", "content": [{"type": "image_url"}]}])
+        request_messages(
+            [{"role": "user", "content": "x"}, {"role": "user", "content": [{"type": "image_url"}]}]
+        )
     assert caught.value.param == "messages[1].content" and "image_url" in caught.value.message
 
 
@@ -102,12 +107,20 @@ def test_completion_reply_logprobs_and_token_ids():
     j.token_logprobs = [TokenLogprob(0, -0.1, [(0, -0.1)]), TokenLogprob(1, -0.2, [(2, -0.05)])]
     whole = reply.whole([j])
     assert whole["prompt_token_ids"] == [1, 2] and whole["choices"][0]["token_ids"] == [0, 1]
-    assert whole["choices"][0]["logprobs"] == {"tokens": ["a", "b"], "token_logprobs": [-0.1, -0.2],
-                                               "top_logprobs": [{"a": -0.1}, {"c": -0.05}], "text_offset": [0, 1]}
+    assert whole["choices"][0]["logprobs"] == {
+        "tokens": ["a", "b"],
+        "token_logprobs": [-0.1, -0.2],
+        "top_logprobs": [{"a": -0.1}, {"c": -0.05}],
+        "text_offset": [0, 1],
+    }
     plain = CompletionReply("tiny", Letters(), False, False)
     assert plain.whole([j])["choices"][0]["logprobs"] is None and "prompt_token_ids" not in plain.whole([j])
-    assert plain.chunk(0, None, [], "length")["choices"][0] == {"index": 0, "text": "", "finish_reason": "length",
-                                                                "logprobs": None}
+    assert plain.chunk(0, None, [], "length")["choices"][0] == {
+        "index": 0,
+        "text": "",
+        "finish_reason": "length",
+        "logprobs": None,
+    }
 
 
 def test_agent_modules_stay_readable():

@@ -14,12 +14,15 @@ from tempering.rollout.episodes import run_episodes
 from tempering.types import Task, TestCase
 from tests.helpers.repair import Scripted
 
-TASK = Task(id="inc", domain="d", prompt="def inc(x):\n", entry_point="inc",
-            tests=[TestCase(input=[1], output=2), TestCase(input=[5], output=6)],
-            examples=[TestCase(input=[3], output=4)])
+TASK = Task(
+    id="inc",
+    domain="d",
+    prompt="def inc(x):\n",
+    entry_point="inc",
+    tests=[TestCase(input=[1], output=2), TestCase(input=[5], output=6)],
+    examples=[TestCase(input=[3], output=4)],
+)
 RIGHT = "def inc(x):\n    return x + 1\n"
-
-
 
 
 def tasks(*names):
@@ -35,7 +38,9 @@ def test_feedback_goes_into_the_next_turn_and_a_fix_solves_it(sandbox, tmp_path,
     log = tmp_path / "attempts.jsonl"
     report = repair(engine, tasks("a"), EnvContext(sandbox), log=JsonLog(log))
     assert report.summary()["first_turn_pass@1"] == 0.0 and report.summary()["pass@1"] == 1.0
-    second = tiny[1].decode(engine.seen[1][0])  # the second turn's context: prompt, first attempt, the feedback
+    second = tiny[1].decode(
+        engine.seen[1][0]
+    )  # the second turn's context: prompt, first attempt, the feedback
     assert "# feedback: f(3) returned 2, expected 4" in second  # the env's own feedback
     assert second.index(program("a", "x - 1")) < second.index("# feedback:")
     records = [json.loads(line) for line in log.read_text().splitlines()]
@@ -53,10 +58,19 @@ def test_the_same_error_twice_is_stuck(sandbox, tiny):
     report = repair(engine, tasks("s", "d"), EnvContext(sandbox), RepairSettings(repairs=3))
     s, d = report.episodes
     assert s.ended == "stuck" and s.classes == ["wrong_answer", "wrong_answer"]  # stopped after the repeat
-    assert d.ended == "repairs" and d.classes == ["wrong_answer", "runtime_error", "wrong_answer", "wrong_answer"]
+    assert d.ended == "repairs" and d.classes == [
+        "wrong_answer",
+        "runtime_error",
+        "wrong_answer",
+        "wrong_answer",
+    ]
     assert report.summary()["stuck_rate"] == 0.5
-    unstuck = repair(Scripted(tiny[1], {"s": [same] * 4}), tasks("s"), EnvContext(sandbox),
-                     RepairSettings(repairs=3, stop_when_stuck=False))
+    unstuck = repair(
+        Scripted(tiny[1], {"s": [same] * 4}),
+        tasks("s"),
+        EnvContext(sandbox),
+        RepairSettings(repairs=3, stop_when_stuck=False),
+    )
     assert unstuck.episodes[0].ended == "repairs" and len(unstuck.episodes[0].classes) == 4
 
 
@@ -81,14 +95,29 @@ def test_the_agent_is_the_multi_turn_episode_of_training(tiny, tasks, sandbox):
     [episode] = run_episodes(engine, tasks[1][:1], ctx, group_size=1, max_context=180, greedy=True)
     assert len(episode.turns) == 2, "the random model fails its first attempt"
     first = episode.turns[0]
-    messages = [{"role": "user", "content": episode.task.prompt},
-                {"role": "assistant", "content": first.action}, {"role": "user", "content": first.observation}]
-    second_start = episode.turn_ends[0] + 1 + (len(episode.ids) - episode.turn_ends[0] - 1 - episode.turns[1].tokens)
+    messages = [
+        {"role": "user", "content": episode.task.prompt},
+        {"role": "assistant", "content": first.action},
+        {"role": "user", "content": first.observation},
+    ]
+    second_start = (
+        episode.turn_ends[0] + 1 + (len(episode.ids) - episode.turn_ends[0] - 1 - episode.turns[1].tokens)
+    )
     assert chat_format(tokenizer).render(messages) == episode.prompt_ids + episode.ids[:second_start]
     log = []
-    repair(engine, tasks[1][:1], ctx, RepairSettings(repairs=1, stop_when_stuck=False), max_context=180,
-           log=type("Log", (), {"write": lambda self, r: log.append(r)})())
+    repair(
+        engine,
+        tasks[1][:1],
+        ctx,
+        RepairSettings(repairs=1, stop_when_stuck=False),
+        max_context=180,
+        log=type("Log", (), {"write": lambda self, r: log.append(r)})(),
+    )
     assert [r["program"] for r in log] == [program_of(episode.task, t.action) for t in episode.turns]
     # The second turn computed only what is new: the first action's last token and the feedback.
     new = len(episode.ids) - episode.turns[1].tokens - episode.turns[0].tokens + 1
-    assert episode.turns[1].computed == new < len(episode.prompt_ids) + len(episode.ids) - episode.turns[1].tokens
+    assert (
+        episode.turns[1].computed
+        == new
+        < len(episode.prompt_ids) + len(episode.ids) - episode.turns[1].tokens
+    )

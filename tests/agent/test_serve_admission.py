@@ -43,16 +43,29 @@ def serve(tiny_model_dir):
     servers = []
 
     def start(limits=None, max_batch=32, step_s=STEP_S):
-        metrics = Metrics()  # the engine's steps feed the server's batch-size metric, as `tempering serve` wires it
-        chat = local_model(load_model(tiny_model_dir), load_tokenizer(tiny_model_dir), name="tiny", max_rows=max_batch,
-                           on_step=metrics.batch_size.observe)
+        metrics = (
+            Metrics()
+        )  # the engine's steps feed the server's batch-size metric, as `tempering serve` wires it
+        chat = local_model(
+            load_model(tiny_model_dir),
+            load_tokenizer(tiny_model_dir),
+            name="tiny",
+            max_rows=max_batch,
+            on_step=metrics.batch_size.observe,
+        )
         scheduler = chat.engine.scheduler
         counted = scheduler._forward = Counted(scheduler._forward, step_s)
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        server = uvicorn.Server(uvicorn.Config(create_app(chat, limits=limits or ServeLimits(), metrics=metrics), host="127.0.0.1", port=port,
-                                               log_level="warning"))
+        server = uvicorn.Server(
+            uvicorn.Config(
+                create_app(chat, limits=limits or ServeLimits(), metrics=metrics),
+                host="127.0.0.1",
+                port=port,
+                log_level="warning",
+            )
+        )
         thread = threading.Thread(target=server.run, daemon=True)
         thread.start()
         url = f"http://127.0.0.1:{port}"
@@ -73,8 +86,13 @@ def serve(tiny_model_dir):
 
 def body(max_tokens=150, **kw):
     # temperature 1 from a seed: the tiny random model rarely writes its stop token within max_tokens
-    return {"messages": [{"role": "user", "content": "def f(x):\n"}], "max_tokens": max_tokens,
-            "temperature": 1.0, "seed": 3, **kw}
+    return {
+        "messages": [{"role": "user", "content": "def f(x):\n"}],
+        "max_tokens": max_tokens,
+        "temperature": 1.0,
+        "seed": 3,
+        **kw,
+    }
 
 
 def metric(url, name):
@@ -86,7 +104,9 @@ def metric(url, name):
 def hold(url, n, **kw):
     """Start n long non-streaming requests in the background; returns their futures."""
     pool = ThreadPoolExecutor(n)
-    return [pool.submit(httpx.post, f"{url}/v1/chat/completions", json=body(**kw), timeout=60) for _ in range(n)]
+    return [
+        pool.submit(httpx.post, f"{url}/v1/chat/completions", json=body(**kw), timeout=60) for _ in range(n)
+    ]
 
 
 def wait_for(predicate, timeout=10.0):
@@ -102,7 +122,9 @@ def test_past_the_per_client_cap_a_request_gets_429_with_retry_after(serve):
     wait_for(lambda: httpx.get(f"{url}/health").json()["pending"] == 2)
     r = httpx.post(f"{url}/v1/chat/completions", json=body(max_tokens=2))
     assert r.status_code == 429 and r.headers["retry-after"] == "1"
-    assert r.json()["error"]["code"] == "rate_limit_exceeded" and "this client" in r.json()["error"]["message"]
+    assert (
+        r.json()["error"]["code"] == "rate_limit_exceeded" and "this client" in r.json()["error"]["message"]
+    )
     assert [f.result().status_code for f in held] == [200, 200]
     assert httpx.post(f"{url}/v1/chat/completions", json=body(max_tokens=2)).status_code == 200  # room again
 
@@ -170,17 +192,23 @@ def test_a_huge_prompt_is_refused_before_tokenizing_and_tokenizing_is_off_the_ev
     assert threads == []  # refused on its length alone
     assert httpx.post(f"{url}/v1/chat/completions", json=body(max_tokens=2)).status_code == 200
     assert threads and all(name.startswith("tokenize") for name in threads)
-    over = httpx.post(f"{url}/v1/chat/completions", content=json.dumps({"x": "y" * (3 << 20)}),
-                      headers={"content-type": "application/json"})
+    over = httpx.post(
+        f"{url}/v1/chat/completions",
+        content=json.dumps({"x": "y" * (3 << 20)}),
+        headers={"content-type": "application/json"},
+    )
     assert over.status_code == 413  # past the body cap: not even read
 
 
 def test_caps_on_n_max_tokens_and_top_logprobs_are_openai_400s(serve):
     url, _, chat = serve(ServeLimits(max_n=2))
-    for extra, message in [({"n": 3}, "n: at most 2"), ({"max_tokens": 10_000}, "max_tokens: at most"),
-                           ({"logprobs": True, "top_logprobs": 6}, "top_logprobs: at most 5"),
-                           ({"stop": ["a", "b", "c", "d", "e"]}, "stop: at most 4"),
-                           ({"stop": ["\n", "x" * 1025]}, "stop: each sequence at most 1024 characters")]:
+    for extra, message in [
+        ({"n": 3}, "n: at most 2"),
+        ({"max_tokens": 10_000}, "max_tokens: at most"),
+        ({"logprobs": True, "top_logprobs": 6}, "top_logprobs: at most 5"),
+        ({"stop": ["a", "b", "c", "d", "e"]}, "stop: at most 4"),
+        ({"stop": ["\n", "x" * 1025]}, "stop: each sequence at most 1024 characters"),
+    ]:
         r = httpx.post(f"{url}/v1/chat/completions", json=body(**extra))
         assert r.status_code == 400 and message in r.json()["error"]["message"], (extra, r.text)
         assert r.json()["error"]["param"] == message.split(":")[0] and r.json()["error"]["code"] is None
@@ -189,8 +217,13 @@ def test_caps_on_n_max_tokens_and_top_logprobs_are_openai_400s(serve):
 def stream_text(http: httpx.Client, path: str, payload: dict) -> str:
     with http.stream("POST", path, json={**payload, "stream": True}) as r:
         chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
-    return "".join(c["choices"][0]["delta"].get("content") or "" if "delta" in c["choices"][0]
-                   else c["choices"][0]["text"] for c in chunks if c["choices"])
+    return "".join(
+        c["choices"][0]["delta"].get("content") or ""
+        if "delta" in c["choices"][0]
+        else c["choices"][0]["text"]
+        for c in chunks
+        if c["choices"]
+    )
 
 
 def test_a_completion_done_before_its_stream_listens_still_streams_its_text(serve):
@@ -207,17 +240,27 @@ def test_a_completion_done_before_its_stream_listens_still_streams_its_text(serv
 
     chat.engine.submit = done_at_once
     prompts = [f"def f{i}(x):\n    return x" for i in range(10)]
-    asks = [("/v1/completions", {"prompt": p, "max_tokens": k, "temperature": 0}) for p in prompts for k in (1, 3)]
-    asks += [("/v1/chat/completions", {"messages": [{"role": "user", "content": p}], "max_tokens": 2,
-                                       "temperature": 0}) for p in prompts]
+    asks = [
+        ("/v1/completions", {"prompt": p, "max_tokens": k, "temperature": 0}) for p in prompts for k in (1, 3)
+    ]
+    asks += [
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": p}], "max_tokens": 2, "temperature": 0},
+        )
+        for p in prompts
+    ]
     with httpx.Client(base_url=url, timeout=30) as http:
         whole = []
         for path, payload in asks:
             choice = http.post(path, json=payload).json()["choices"][0]
             whole.append(choice["message"]["content"] if "message" in choice else choice["text"])
         assert sum(map(bool, whole)) > len(asks) // 2  # most have some text to lose
-        lost = [asks[k % len(asks)] for k in range(200)
-                if stream_text(http, *asks[k % len(asks)]) != whole[k % len(asks)]]
+        lost = [
+            asks[k % len(asks)]
+            for k in range(200)
+            if stream_text(http, *asks[k % len(asks)]) != whole[k % len(asks)]
+        ]
     assert not lost, f"{len(lost)} of 200 streams lost text: {lost[:3]}"
 
 
@@ -231,7 +274,9 @@ def test_one_clients_long_stop_strings_leave_anothers_latency_alone(serve):
     over = httpx.post(f"{url}/v1/chat/completions", json=body(max_tokens=4, stop="x" * 1025))
     assert over.status_code == 400 and over.json()["error"]["param"] == "stop"
     long = body(max_tokens=64, temperature=0)
-    text = httpx.post(f"{url}/v1/chat/completions", json=long, timeout=30).json()["choices"][0]["message"]["content"]
+    text = httpx.post(f"{url}/v1/chat/completions", json=long, timeout=30).json()["choices"][0]["message"][
+        "content"
+    ]
     assert len(text) >= 32
     stops = [(text * (1024 // len(text) + 1))[:1023] + end for end in "\x00\x01\x02\x03"]
 

@@ -41,8 +41,9 @@ def test_grpo_invariant_to_shifting_rewards():
     gen = torch.Generator().manual_seed(1)
     rewards = torch.rand(16, generator=gen)
     group_ids = torch.arange(16) // 4
-    torch.testing.assert_close(grpo_advantages(rewards, group_ids), grpo_advantages(rewards + 3.7, group_ids),
-                               atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(
+        grpo_advantages(rewards, group_ids), grpo_advantages(rewards + 3.7, group_ids), atol=1e-4, rtol=1e-4
+    )
 
 
 def test_grpo_registry_entry_broadcasts_over_response_tokens():

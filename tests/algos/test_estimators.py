@@ -101,7 +101,9 @@ def test_token_rewards_are_credited_where_they_occur():
     mask = torch.ones(1, 3)
     token_rewards = torch.tensor([[0.0, 0.5, 0.0]])
     returns = discounted_returns(torch.tensor([[0.0, 0.5, 1.0]]), mask)  # what reinforce_pp should build
-    _, got = reinforce_pp(AdvantageInputs(torch.tensor([1.0]), mask, torch.tensor([0]), token_rewards=token_rewards))
+    _, got = reinforce_pp(
+        AdvantageInputs(torch.tensor([1.0]), mask, torch.tensor([0]), token_rewards=token_rewards)
+    )
     torch.testing.assert_close(got, returns)
 
 

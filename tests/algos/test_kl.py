@@ -17,9 +17,9 @@ def paper_update(beta: float, kl: float, target: float, n: int, horizon: int) ->
 
 def test_hand_computed_steps():
     cases = [  # (observed KL, samples in the step, coefficient after, from beta = 0.1, target 0.01, horizon 10000)
-        (0.011, 64, 0.1 * (1 + 0.1 * 64 / 10000)),    # 10% over target: e = 0.1 -> 0.1000064
-        (0.05, 64, 0.1 * (1 + 0.2 * 64 / 10000)),     # far over: clipped at +0.2 -> 0.100128
-        (0.0, 256, 0.1 * (1 - 0.2 * 256 / 10000)),    # far under: clipped at -0.2 -> 0.099488
+        (0.011, 64, 0.1 * (1 + 0.1 * 64 / 10000)),  # 10% over target: e = 0.1 -> 0.1000064
+        (0.05, 64, 0.1 * (1 + 0.2 * 64 / 10000)),  # far over: clipped at +0.2 -> 0.100128
+        (0.0, 256, 0.1 * (1 - 0.2 * 256 / 10000)),  # far under: clipped at -0.2 -> 0.099488
         (0.009, 10, 0.1 * (1 - 0.1 * 10 / 10000)),
     ]
     for kl, n, expected in cases:

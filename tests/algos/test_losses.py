@@ -36,8 +36,9 @@ def test_ppo_clip_matches_loop_reference():
     adv = torch.randn(6, 5, generator=gen)
     mask = (torch.rand(6, 5, generator=gen) > 0.3).float()
     loss, metrics = ppo_clip_loss(LossInputs(logp, old, adv, mask), clip_ratio=0.2)
-    assert math.isclose(float(loss), ppo_loop(logp.tolist(), old.tolist(), adv.tolist(), mask.tolist(), 0.2),
-                        rel_tol=1e-5)
+    assert math.isclose(
+        float(loss), ppo_loop(logp.tolist(), old.tolist(), adv.tolist(), mask.tolist(), 0.2), rel_tol=1e-5
+    )
     assert 0.0 < float(metrics["pg_clipfrac"]) < 1.0
 
 
@@ -122,7 +123,9 @@ def test_ppo_clip_higher_and_dual_clip_match_loop(low, high, c):
     mask = torch.ones(4, 5)
     x = LossInputs(logp, old, adv, mask)
     loss, metrics = ppo_clip_loss(x, clip_ratio_low=low, clip_ratio_high=high, clip_ratio_c=c)
-    want = torch.tensor(ppo_loop_general(logp.tolist(), old.tolist(), adv.tolist(), mask.tolist(), low, high, c))
+    want = torch.tensor(
+        ppo_loop_general(logp.tolist(), old.tolist(), adv.tolist(), mask.tolist(), low, high, c)
+    )
     torch.testing.assert_close(loss, want.mean(), atol=1e-5, rtol=1e-5)
     assert ("pg_clipfrac_lower" in metrics) == (c is not None)
 
@@ -153,8 +156,8 @@ def test_seq_mean_aggregations_leave_fully_masked_rows_out_of_the_count():
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
     agg = LOSS_AGGREGATIONS
     assert float(agg["token-mean"](losses, mask)) == pytest.approx(10 / 4)
-    assert float(agg["seq-mean-token-sum"](losses, mask)) == pytest.approx((6 + 4) / 2)             # not / 3
-    assert float(agg["seq-mean-token-mean"](losses, mask)) == pytest.approx((2 + 4) / 2)            # not / 3
+    assert float(agg["seq-mean-token-sum"](losses, mask)) == pytest.approx((6 + 4) / 2)  # not / 3
+    assert float(agg["seq-mean-token-mean"](losses, mask)) == pytest.approx((2 + 4) / 2)  # not / 3
     assert float(agg["seq-mean-token-sum-norm"](losses, mask)) == pytest.approx(10 / 2 / 3)  # not / 3 / 3
 
 
@@ -167,12 +170,14 @@ def test_a_fully_masked_row_changes_no_aggregation(name):
     more = torch.cat([losses, torch.randn(1, 5, generator=gen)]), torch.cat([mask, torch.zeros(1, 5)])
     agg = LOSS_AGGREGATIONS[name]
     torch.testing.assert_close(agg(*more), agg(losses, mask))
-    assert float(agg(losses, torch.zeros_like(mask))) == 0.0            # nothing to learn from: 0, not NaN
+    assert float(agg(losses, torch.zeros_like(mask))) == 0.0  # nothing to learn from: 0, not NaN
 
 
 def test_clipped_value_loss_hand_computed():
     # V_old = 0, V = 1, R = 1, clip 0.2: unclipped error 0, clipped V = 0.2 -> error 0.64; max -> 0.5 * 0.64.
-    loss, m = clipped_value_loss(torch.tensor([[1.0]]), torch.tensor([[0.0]]), torch.tensor([[1.0]]), torch.ones(1, 1))
+    loss, m = clipped_value_loss(
+        torch.tensor([[1.0]]), torch.tensor([[0.0]]), torch.tensor([[1.0]]), torch.ones(1, 1)
+    )
     assert float(loss) == pytest.approx(0.32)
     assert float(m["vf_clipfrac"]) == 1.0
 
@@ -184,8 +189,14 @@ def test_vanilla_pg_matches_loop_hand_computed_and_its_gradient_is_reinforce():
     logp, old, adv = (torch.randn(3, 4, generator=gen) for _ in range(3))
     mask = torch.ones(3, 4)
     loss, _ = vanilla_pg_loss(LossInputs(logp, old, adv, mask))
-    want = sum(-a * math.exp(lp - o) for lr, orow, arow in zip(logp.tolist(), old.tolist(), adv.tolist())
-               for lp, o, a in zip(lr, orow, arow)) / 12
+    want = (
+        sum(
+            -a * math.exp(lp - o)
+            for lr, orow, arow in zip(logp.tolist(), old.tolist(), adv.tolist())
+            for lp, o, a in zip(lr, orow, arow)
+        )
+        / 12
+    )
     assert float(loss) == pytest.approx(want, rel=1e-5)
     # At ratio 1 (on-policy) the gradient is -A * d log pi, REINFORCE's.
     x = torch.tensor([[0.3, -0.2]], requires_grad=True)
@@ -211,11 +222,16 @@ def test_clipped_value_loss_matches_loop_and_is_plain_mse_inside_the_clip():
 
 # ------------------------------------------------------------------------------------------ GSPO, CISPO
 
+
 def _inputs(seed=0, b=5, t=7, token_adv=False):
     gen = torch.Generator().manual_seed(seed)
     logp = -torch.rand(b, t, generator=gen)
     old = logp + 0.05 * torch.randn(b, t, generator=gen)
-    adv = torch.randn(b, 1, generator=gen).expand(b, t).clone() if not token_adv else torch.randn(b, t, generator=gen)
+    adv = (
+        torch.randn(b, 1, generator=gen).expand(b, t).clone()
+        if not token_adv
+        else torch.randn(b, t, generator=gen)
+    )
     mask = (torch.rand(b, t, generator=gen) > 0.25).float()
     mask[:, 0] = 1.0
     return logp, old, adv, mask
@@ -227,10 +243,14 @@ def test_gspo_is_the_papers_sequence_objective_in_value_and_gradient():
     from tempering.algos import gspo_loss
 
     logp, old, adv, mask = _inputs()
-    eps_low, eps_high = 0.01, 0.015                      # some sequences clipped, some not
+    eps_low, eps_high = 0.01, 0.015  # some sequences clipped, some not
     mine = logp.clone().requires_grad_(True)
-    loss, metrics = gspo_loss(LossInputs(mine, old, adv, mask), clip_ratio_low=eps_low, clip_ratio_high=eps_high,
-                              loss_agg="seq-mean-token-mean")
+    loss, metrics = gspo_loss(
+        LossInputs(mine, old, adv, mask),
+        clip_ratio_low=eps_low,
+        clip_ratio_high=eps_high,
+        loss_agg="seq-mean-token-mean",
+    )
     loss.backward()
     paper = logp.clone().requires_grad_(True)
     s = torch.exp(((paper - old) * mask).sum(1) / mask.sum(1))
@@ -240,7 +260,7 @@ def test_gspo_is_the_papers_sequence_objective_in_value_and_gradient():
     assert math.isclose(float(loss), float(-objective), rel_tol=1e-6)
     assert torch.allclose(mine.grad * mask, paper.grad * mask, atol=1e-7)
     clipped = ((s < 1 - eps_low) & (a < 0)) | ((s > 1 + eps_high) & (a > 0))
-    assert 0 < int(clipped.sum()) < len(s)               # both cases are exercised
+    assert 0 < int(clipped.sum()) < len(s)  # both cases are exercised
     assert torch.all(mine.grad[clipped] == 0) and torch.all(mine.grad[~clipped].abs().sum(1) > 0)
     assert 0.0 < float(metrics["pg_clipfrac"]) < 1.0
 
@@ -250,13 +270,19 @@ def test_gspo_hand_computed_and_token_advantages():
 
     # One sequence of two tokens with ratios 2 and 0.5: s = sqrt(2 * 0.5) = 1, unclipped: loss = -A.
     logp = torch.log(torch.tensor([[2.0, 0.5]]))
-    loss, _ = gspo_loss(LossInputs(logp, torch.zeros(1, 2), torch.full((1, 2), 3.0), torch.ones(1, 2)),
-                        clip_ratio=1e-3, loss_agg="seq-mean-token-mean")
+    loss, _ = gspo_loss(
+        LossInputs(logp, torch.zeros(1, 2), torch.full((1, 2), 3.0), torch.ones(1, 2)),
+        clip_ratio=1e-3,
+        loss_agg="seq-mean-token-mean",
+    )
     assert math.isclose(float(loss), -3.0, rel_tol=1e-6)
     # GSPO-token: per-token advantages, one shared ratio s = e^0.1 (clipped to 1 + 0.05 for A > 0 tokens).
     logp = torch.tensor([[0.1, 0.1]])
-    loss, _ = gspo_loss(LossInputs(logp, torch.zeros(1, 2), torch.tensor([[1.0, -2.0]]), torch.ones(1, 2)),
-                        clip_ratio=0.05, loss_agg="seq-mean-token-mean")
+    loss, _ = gspo_loss(
+        LossInputs(logp, torch.zeros(1, 2), torch.tensor([[1.0, -2.0]]), torch.ones(1, 2)),
+        clip_ratio=0.05,
+        loss_agg="seq-mean-token-mean",
+    )
     s = math.exp(0.1)
     assert math.isclose(float(loss), (-1.05 * 1.0 + 2.0 * s) / 2, rel_tol=1e-6)
 

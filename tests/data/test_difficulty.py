@@ -16,8 +16,13 @@ def test_families_are_templates_for_generated_tasks_and_the_task_itself_otherwis
         counts[family(t)] = counts.get(family(t), 0) + 1
     assert set(counts) == {t.metadata["template"] for t in train} and set(counts.values()) == {2}
     assert picked == [t for t in train if t in picked]  # the tasks' own order
-    plain = Task(id="leetcode-1", domain="leetcode-easy", prompt="def f(): ...", entry_point="f",
-                 tests=[{"input": [], "output": 1}])
+    plain = Task(
+        id="leetcode-1",
+        domain="leetcode-easy",
+        prompt="def f(): ...",
+        entry_point="f",
+        tests=[{"input": [], "output": 1}],
+    )
     assert family(plain) == "leetcode-1"
 
 
@@ -32,8 +37,17 @@ def test_family_rates_pool_a_familys_tasks():
 def test_in_range_drops_measured_families_outside_and_keeps_unmeasured_ones(tmp_path):
     train, heldout = generate_tasks(300, 60, seed=3)
     path = tmp_path / "rates.json"
-    path.write_text(json.dumps({"families": {"add": {"pass_rate": 0.5, "tasks": 8}, "sort": {"pass_rate": 0.0, "tasks": 8},
-                                             "upper": {"pass_rate": 1.0, "tasks": 8}}}))
+    path.write_text(
+        json.dumps(
+            {
+                "families": {
+                    "add": {"pass_rate": 0.5, "tasks": 8},
+                    "sort": {"pass_rate": 0.0, "tasks": 8},
+                    "upper": {"pass_rate": 1.0, "tasks": 8},
+                }
+            }
+        )
+    )
     rates = load_pass_rates(path)
     for tasks in (train, heldout):
         kept = {family(t) for t in in_range(tasks, rates, 0.05, 0.95)}
@@ -41,12 +55,15 @@ def test_in_range_drops_measured_families_outside_and_keeps_unmeasured_ones(tmp_
     assert {family(t) for t in in_range(train, rates, 0.0, 1.0)} == {family(t) for t in train}
 
 
-@pytest.mark.parametrize("content, message", [
-    (None, "does not exist"),
-    ("not json", "is not a pass-rates file"),
-    ('{"families": {"add": {"rate": 0.5}}}', r"is not a pass-rates file \(KeyError"),
-    ('[1, 2]', "is not a pass-rates file"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (None, "does not exist"),
+        ("not json", "is not a pass-rates file"),
+        ('{"families": {"add": {"rate": 0.5}}}', r"is not a pass-rates file \(KeyError"),
+        ("[1, 2]", "is not a pass-rates file"),
+    ],
+)
 def test_a_bad_pass_rates_file_is_one_clear_error(tmp_path, content, message):
     path = tmp_path / "rates.json"
     if content is not None:

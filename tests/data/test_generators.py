@@ -64,14 +64,19 @@ def test_described_tasks_state_the_function_and_its_constants_above_the_examples
 
     plain, _ = generate_tasks(300, 40, seed=3)
     described, _ = generate_tasks(300, 40, seed=3, describe=True)
-    assert [t.tests for t in plain] == [t.tests for t in described]  # the same functions and tests, other text
+    assert [t.tests for t in plain] == [
+        t.tests for t in described
+    ]  # the same functions and tests, other text
     by_name = {t.name: t for t in TEMPLATES}
     assert all(t.describe for t in TEMPLATES)
     for task in described:
         template = by_name[task.metadata["template"]]
         names = list(template.params)
-        [values] = [dict(zip(names, combo)) for combo in itertools.product(*template.params.values())
-                    if template.body.format(**dict(zip(names, combo))) == task.metadata["body"]]
+        [values] = [
+            dict(zip(names, combo))
+            for combo in itertools.product(*template.params.values())
+            if template.body.format(**dict(zip(names, combo))) == task.metadata["body"]
+        ]
         text = template.describe.format(**values)
         assert task.prompt.startswith(f'{template.signature}\n    """{text}\n\n    >>> f(')
         assert "{" not in text and all(str(v) in text for v in values.values())  # every constant is stated
@@ -80,7 +85,10 @@ def test_described_tasks_state_the_function_and_its_constants_above_the_examples
 def test_templates_keep_only_the_named_families_in_both_splits():
     train, heldout = generate_tasks(200, 50, seed=3, templates=["add", "reverse_list", "mul"])
     assert {t.metadata["template"] for t in train} == {"add", "reverse_list", "mul"}
-    assert {t.metadata["template"] for t in heldout} == {"add", "mul"}  # reverse_list: one function, train only
+    assert {t.metadata["template"] for t in heldout} == {
+        "add",
+        "mul",
+    }  # reverse_list: one function, train only
     with pytest.raises(ValueError, match="unknown template.*'nope'"):
         generate_tasks(10, 5, templates=["add", "nope"])
     with pytest.raises(ValueError, match="no function to hold out"):

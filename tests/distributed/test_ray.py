@@ -92,17 +92,21 @@ def test_a_killed_worker_s_shards_are_re_sent_and_nothing_changes(tmp_path, loca
     rows = metrics(tmp_path / "killed")
     assert killed and sum(r["dist/shard_retries"] for r in rows) >= 1
     assert same(rows) == same(local_async)
-    samples = [json.loads(line) for f in sorted((tmp_path / "killed" / "samples").glob("step_*.jsonl"))
-               for line in f.read_text().splitlines()]
+    samples = [
+        json.loads(line)
+        for f in sorted((tmp_path / "killed" / "samples").glob("step_*.jsonl"))
+        for line in f.read_text().splitlines()
+    ]
     assert len(samples) == 4 * 4 * 4  # steps x prompts x group, none lost, none twice
 
 
-@pytest.mark.parametrize("sabotage, overrides", [
-    ("no-op", ()),
-    ("one tensor skipped", ()),
-    ("LoRA adapters not loaded", ("model.lora.r=4",)),
-])
-def test_a_sync_that_did_not_happen_fails_at_the_first_version(tmp_path, monkeypatch, capsys, sabotage, overrides):
+@pytest.mark.parametrize(
+    "sabotage, overrides",
+    [("no-op", ()), ("one tensor skipped", ()), ("LoRA adapters not loaded", ("model.lora.r=4",))],
+)
+def test_a_sync_that_did_not_happen_fails_at_the_first_version(
+    tmp_path, monkeypatch, capsys, sabotage, overrides
+):
     from tempering.distributed.ray_pool import RayPool
 
     def noop(model, arrays):
@@ -130,16 +134,34 @@ def test_a_sync_that_did_not_happen_fails_at_the_first_version(tmp_path, monkeyp
 
         first = next(iter(trained(load_model(tmp_path / "run" / "sft" / "model"))))
         assert f"first differing tensor: {first} (1 of" in error
-    assert [r["step"] for r in metrics(tmp_path / "run")] == [1]  # nothing sampled by unverified weights trained
+    assert [r["step"] for r in metrics(tmp_path / "run")] == [
+        1
+    ]  # nothing sampled by unverified weights trained
 
 
-def test_sigterm_at_step_3_then_resume_equals_the_uninterrupted_asynchronous_run(tmp_path, local_async, ray_async):
+def test_sigterm_at_step_3_then_resume_equals_the_uninterrupted_asynchronous_run(
+    tmp_path, local_async, ray_async
+):
     """Every figure but timings, also the pool's: the weight-sync check of the look-ahead batches (gathered
     when the checkpoint was taken) is in the next row, resumed or not."""
     run_dir = tmp_path / "stopped"
-    proc = subprocess.Popen([sys.executable, "-m", "tempering.cli", "train", "configs/smoke.yaml",
-                             f"run.dir={run_dir}", *SHORT, *ASYNC, *TWO], cwd=ROOT, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tempering.cli",
+            "train",
+            "configs/smoke.yaml",
+            f"run.dir={run_dir}",
+            *SHORT,
+            *ASYNC,
+            *TWO,
+        ],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and proc.poll() is None:  # during step 3
         if (run_dir / "metrics.jsonl").is_file() and len(metrics(run_dir)) >= 2:
@@ -163,16 +185,30 @@ def test_the_pool_grows_with_a_backlog_and_shrinks_when_idle_and_nothing_changes
     added; a slow update (16 PPO epochs) leaves them idle, so they are retired. The rows are the local run's."""
     slow = (*ASYNC, "algo.ppo_epochs=16")
     local = run(tmp_path / "local", *slow)
-    assert run_here(tmp_path / "elastic", *slow, "distributed.backend=ray", "rollout.workers=1",
-                    "rollout.max_workers=3", "rollout.worker_cpus=0.5", "distributed.scale_check_s=0.05",
-                    "distributed.scale_down_idle_s=0.2") == 0
-    rows = metrics(tmp_path / "elastic")  # (each event is also a log line: "scale up: 1 -> 2 rollout workers ...")
+    assert (
+        run_here(
+            tmp_path / "elastic",
+            *slow,
+            "distributed.backend=ray",
+            "rollout.workers=1",
+            "rollout.max_workers=3",
+            "rollout.worker_cpus=0.5",
+            "distributed.scale_check_s=0.05",
+            "distributed.scale_down_idle_s=0.2",
+        )
+        == 0
+    )
+    rows = metrics(
+        tmp_path / "elastic"
+    )  # (each event is also a log line: "scale up: 1 -> 2 rollout workers ...")
     assert sum(r["dist/scale_ups"] for r in rows) >= 1 and sum(r["dist/scale_downs"] for r in rows) >= 1
     assert max(r["dist/workers"] for r in rows) >= 2
     assert same(rows) == same(local)
 
 
-def test_killed_sandbox_actors_have_their_batches_re_sent_and_nothing_changes(tmp_path, local_async, monkeypatch):
+def test_killed_sandbox_actors_have_their_batches_re_sent_and_nothing_changes(
+    tmp_path, local_async, monkeypatch
+):
     """Two sandbox actors serve both rollout workers; from step 2 on, sandbox actor 0 is SIGKILLed again and
     again (Ray restarts it, ~2 s each time) for two seconds: its batches go to the other actor, and the rows are the same."""
     import threading
@@ -202,10 +238,17 @@ def test_killed_sandbox_actors_have_their_batches_re_sent_and_nothing_changes(tm
     monkeypatch.setattr(RayPool, "submit", submit_and_start_killing)
     assert run_here(tmp_path / "run", *ASYNC, *TWO, "distributed.sandbox_actors=2") == 0
     rows = metrics(tmp_path / "run")
-    assert kills and sum(r["dist/sandbox_retries"] for r in rows) >= 1, (kills, [r["dist/sandbox_retries"] for r in rows])
+    assert kills and sum(r["dist/sandbox_retries"] for r in rows) >= 1, (
+        kills,
+        [r["dist/sandbox_retries"] for r in rows],
+    )
     assert same(rows) == same(local_async)
-    statuses = [t.get("status") for f in (tmp_path / "run" / "samples").glob("step_*.jsonl")
-                for line in f.read_text().splitlines() for t in json.loads(line)["turns"]]
+    statuses = [
+        t.get("status")
+        for f in (tmp_path / "run" / "samples").glob("step_*.jsonl")
+        for line in f.read_text().splitlines()
+        for t in json.loads(line)["turns"]
+    ]
     assert "sandbox_error" not in statuses and len(statuses) == 4 * 4 * 4
 
 
@@ -217,11 +260,17 @@ def test_two_data_parallel_trainers_train_as_the_local_trainer(tmp_path, local_s
     for mine, local in zip(same(rows), same(local_sync), strict=True):
         assert mine.keys() == local.keys()
         update = {k for k in local if k.startswith(("actor/", "critic/"))}
-        assert {k: v for k, v in mine.items() if k not in update} == {k: v for k, v in local.items() if k not in update}
-        assert {k: mine[k] for k in update} == pytest.approx({k: local[k] for k in update}, rel=1e-3, abs=1e-6)
+        assert {k: v for k, v in mine.items() if k not in update} == {
+            k: v for k, v in local.items() if k not in update
+        }
+        assert {k: mine[k] for k in update} == pytest.approx(
+            {k: local[k] for k in update}, rel=1e-3, abs=1e-6
+        )
 
 
-def test_a_trainer_actor_that_dies_stops_the_run_with_its_name_and_resume_finishes_it(tmp_path, monkeypatch, capsys):
+def test_a_trainer_actor_that_dies_stops_the_run_with_its_name_and_resume_finishes_it(
+    tmp_path, monkeypatch, capsys
+):
     from tempering.distributed.ray_trainers import TrainerGroup
 
     update, killed = TrainerGroup.update, []

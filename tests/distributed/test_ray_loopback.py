@@ -71,7 +71,7 @@ def loopback(ip: str) -> bool:
 def wait_for(what, predicate, timeout=180.0):
     end = time.monotonic() + timeout
     while time.monotonic() < end:
-        if (value := predicate()):
+        if value := predicate():
             return value
         time.sleep(0.5)
     raise AssertionError(f"timed out waiting for {what}")
@@ -83,18 +83,36 @@ def gcs(procs):
 
 def test_a_local_ray_run_listens_on_loopback_asks_for_its_token_and_dies_with_its_driver(tmp_path):
     run_dir = tmp_path / "run"
-    driver = subprocess.Popen([sys.executable, "-m", "tempering.cli", "train", "configs/smoke.yaml",
-                               f"run.dir={run_dir}", "sft.steps=4", "train.steps=200", "distributed.backend=ray",
-                               "rollout.workers=2", "rollout.worker_cpus=0.5"], cwd=ROOT,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    driver = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tempering.cli",
+            "train",
+            "configs/smoke.yaml",
+            f"run.dir={run_dir}",
+            "sft.steps=4",
+            "train.steps=200",
+            "distributed.backend=ray",
+            "rollout.workers=2",
+            "rollout.worker_cpus=0.5",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         parent = psutil.Process(driver.pid)
         # the run is under way once a row is written: the pool, its workers and sandbox actors all started
-        wait_for("the first RL row", lambda: (run_dir / "metrics.jsonl").exists()
-                 and (run_dir / "metrics.jsonl").read_text().strip())
+        wait_for(
+            "the first RL row",
+            lambda: (run_dir / "metrics.jsonl").exists() and (run_dir / "metrics.jsonl").read_text().strip(),
+        )
         procs = tree(parent)
         names = {name_of(p) for p in procs}
-        assert {"gcs_server", "raylet"} <= names and sum(n.startswith("ray::RolloutWorker") for n in names) >= 1
+        assert {"gcs_server", "raylet"} <= names and sum(
+            n.startswith("ray::RolloutWorker") for n in names
+        ) >= 1
         sockets = listening(procs)
         assert len(sockets) >= 6, sockets  # GCS, raylet (2), agents, each worker's and the driver's servers
         exposed = [s for s in sockets if not loopback(s[1])]
@@ -108,7 +126,9 @@ def test_a_local_ray_run_listens_on_loopback_asks_for_its_token_and_dies_with_it
         env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
         stranger = subprocess.run(probe, capture_output=True, text=True, timeout=60, env=env)
         assert "refused: AuthenticationError" in stranger.stdout, stranger.stdout + stranger.stderr[-2000:]
-        wrong = subprocess.run([*probe, "0" * len(token)], capture_output=True, text=True, timeout=60, env=env)
+        wrong = subprocess.run(
+            [*probe, "0" * len(token)], capture_output=True, text=True, timeout=60, env=env
+        )
         assert "refused: AuthenticationError" in wrong.stdout, wrong.stdout + wrong.stderr[-2000:]
         friend = subprocess.run([*probe, token], capture_output=True, text=True, timeout=60, env=env)
         assert "let in" in friend.stdout, friend.stdout + friend.stderr[-2000:]
@@ -124,8 +144,9 @@ def test_a_local_ray_run_listens_on_loopback_asks_for_its_token_and_dies_with_it
             wait_for("the cluster to die with its driver", gone, timeout=15)
         except AssertionError:
             left = [(p.pid, name_of(p)) for p in procs if alive(p)]
-            raise AssertionError(f"still running 15 s after the driver's kill -9: {left}; "
-                                 f"listening: {listening(procs)}") from None
+            raise AssertionError(
+                f"still running 15 s after the driver's kill -9: {left}; listening: {listening(procs)}"
+            ) from None
     finally:
         if driver.poll() is None:
             driver.kill()

@@ -20,8 +20,10 @@ def test_behaviour_versions_lag_by_k():
 
 def test_staleness_is_min_k_and_step_minus_one():
     for k in (0, 1, 3):
-        lags = [staleness_metrics(s, torch.tensor([behaviour_version(s, k)] * 4))["async/staleness/max"]
-                for s in range(1, 7)]
+        lags = [
+            staleness_metrics(s, torch.tensor([behaviour_version(s, k)] * 4))["async/staleness/max"]
+            for s in range(1, 7)
+        ]
         assert lags == [min(k, s - 1) for s in range(1, 7)]
 
 
@@ -44,10 +46,16 @@ def test_shards_cut_the_tasks_in_order_with_their_own_streams():
 def test_concatenated_shards_fill_token_rewards_a_shard_lacks():
     def part(width, token_rewards):
         b = 2
-        return RolloutBatch(prompt_ids=torch.ones(b, 3, dtype=torch.long), prompt_mask=torch.ones(b, 3),
-                            response_ids=torch.ones(b, width, dtype=torch.long), response_mask=torch.ones(b, width),
-                            old_logprobs=torch.zeros(b, width), rewards=torch.zeros(b),
-                            group_ids=torch.zeros(b, dtype=torch.long), token_rewards=token_rewards)
+        return RolloutBatch(
+            prompt_ids=torch.ones(b, 3, dtype=torch.long),
+            prompt_mask=torch.ones(b, 3),
+            response_ids=torch.ones(b, width, dtype=torch.long),
+            response_mask=torch.ones(b, width),
+            old_logprobs=torch.zeros(b, width),
+            rewards=torch.zeros(b),
+            group_ids=torch.zeros(b, dtype=torch.long),
+            token_rewards=token_rewards,
+        )
 
     both = concat_batches([part(2, None), part(3, torch.full((2, 3), 0.5))])
     assert both.token_rewards.tolist() == [[0.0] * 3, [0.0] * 3, [0.5] * 3, [0.5] * 3]

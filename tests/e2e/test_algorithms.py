@@ -25,7 +25,10 @@ def algo_overrides(name: str) -> list[str]:
 
     walk({k: v for k, v in tree.items() if k in ("algo", "reward")}, [])
     return [o for o in out if not o.startswith("reward.params.overlong")] + (
-        ["reward.params.overlong.max_tokens=24", "reward.params.overlong.cache_tokens=4"] if name == "dapo" else [])
+        ["reward.params.overlong.max_tokens=24", "reward.params.overlong.cache_tokens=4"]
+        if name == "dapo"
+        else []
+    )
 
 
 @pytest.mark.slow
@@ -61,7 +64,9 @@ def test_resume_with_a_critic_and_adaptive_kl_is_exact(tmp_path):
     tempering("train", "configs/smoke.yaml", f"run.dir={run_dir}", *extra)
     rows, ref = stable(metrics(run_dir)), stable(metrics(reference))
     assert rows == ref
-    assert ref[-1]["actor/kl_coef"] != ref[0]["actor/kl_coef"]  # the adaptive coefficient moved and was restored
+    assert (
+        ref[-1]["actor/kl_coef"] != ref[0]["actor/kl_coef"]
+    )  # the adaptive coefficient moved and was restored
     # Each step moves it as Ziegler et al.'s eq. 2 with n = the step's samples (4 prompts x 4), not 1.
     for a, b in zip(ref, ref[1:]):
         e = min(max(a["actor/reward_kl"] / 0.01 - 1.0, -0.2), 0.2)

@@ -20,8 +20,14 @@ CONFIG = "examples/plugin/plugin.yaml"
 ENV = "tempering_plugin_example.env:ReverseEnv"
 REWARD = "tempering_plugin_example.rewards:one_line"
 # Small enough to train a few times in one test (seconds each).
-FAST = ["sft.steps=4", "eval.every=0", "eval.samples=1", "tracking.tensorboard=false", "checkpoint.every=1",
-        "train.steps=6"]
+FAST = [
+    "sft.steps=4",
+    "eval.every=0",
+    "eval.samples=1",
+    "tracking.tensorboard=false",
+    "checkpoint.every=1",
+    "train.steps=6",
+]
 VOLATILE = ("timing_s/", "perf/")
 
 
@@ -38,8 +44,9 @@ def train_command(run_dir, *overrides):
 
 
 def train(run_dir, *overrides, check=True):
-    proc = subprocess.run(train_command(run_dir, *overrides), cwd=ROOT, capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        train_command(run_dir, *overrides), cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
     if check and proc.returncode != 0:
         raise AssertionError(f"tempering train failed:\n{proc.stderr[-3000:]}")
     return proc
@@ -47,8 +54,9 @@ def train(run_dir, *overrides, check=True):
 
 def kill_after_a_checkpoint(run_dir):
     """Start the run and SIGKILL it as soon as any checkpoint is LATEST; returns that step."""
-    proc = subprocess.Popen(train_command(run_dir), cwd=ROOT, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        train_command(run_dir), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     latest = run_dir / "checkpoints" / "LATEST"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None and not latest.is_file():
@@ -71,13 +79,19 @@ def test_the_plugin_trains_with_its_own_env_reward_and_loss_and_resumes_exactly(
     rows = stable_metrics(reference)
     assert [r["step"] for r in rows] == list(range(1, 7))
     # Keys only the plug-in writes: its environment's component, its reward function, its loss, its domain.
-    only_the_plugin = {"reward/letters/mean", f"reward/{REWARD}/mean", "actor/hard_clipfrac",
-                       "reward/reverse/mean"}
+    only_the_plugin = {
+        "reward/letters/mean",
+        f"reward/{REWARD}/mean",
+        "actor/hard_clipfrac",
+        "reward/reverse/mean",
+    }
     assert all(only_the_plugin <= set(row) for row in rows)
     lines = (reference / "samples" / "step_000001.jsonl").read_text().splitlines()
     samples = [json.loads(line) for line in lines]
-    assert all(set(s["turns"][0]["rewards"]) == {"letters"} and set(s["components"]) == {"letters", REWARD}
-               for s in samples)
+    assert all(
+        set(s["turns"][0]["rewards"]) == {"letters"} and set(s["components"]) == {"letters", REWARD}
+        for s in samples
+    )
 
     killed = tmp_path / "killed"
     step = kill_after_a_checkpoint(killed)
@@ -86,14 +100,21 @@ def test_the_plugin_trains_with_its_own_env_reward_and_loss_and_resumes_exactly(
     assert stable_metrics(killed) == rows
 
 
-@pytest.mark.parametrize("override, message", [
-    (f"env.plugins=[{ENV.replace('Reverse', 'Revers')}]",
-     "env.plugins: environment 'tempering_plugin_example.env:ReversEnv': module "
-     "'tempering_plugin_example.env' has no callable 'ReversEnv'"),
-    (f"reward.params={{{REWARD}: {{max_charz: 3}}}}",
-     f"reward.params.{REWARD}: unknown parameter(s) max_charz; accepted: max_chars"),
-    ("env.plugins=[]", f"task 'reverse-0': env '{ENV}' is not listed in env.plugins"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        (
+            f"env.plugins=[{ENV.replace('Reverse', 'Revers')}]",
+            "env.plugins: environment 'tempering_plugin_example.env:ReversEnv': module "
+            "'tempering_plugin_example.env' has no callable 'ReversEnv'",
+        ),
+        (
+            f"reward.params={{{REWARD}: {{max_charz: 3}}}}",
+            f"reward.params.{REWARD}: unknown parameter(s) max_charz; accepted: max_chars",
+        ),
+        ("env.plugins=[]", f"task 'reverse-0': env '{ENV}' is not listed in env.plugins"),
+    ],
+)
 def test_plugin_mistakes_are_one_line_and_write_nothing(plugin_path, tmp_path, override, message):
     """Exit status 2 and one line naming the problem; the run directory is never created."""
     run_dir = tmp_path / "run"
@@ -106,17 +127,27 @@ def test_plugin_mistakes_are_one_line_and_write_nothing(plugin_path, tmp_path, o
     assert not run_dir.exists()
 
 
-@pytest.mark.parametrize("override, message", [
-    ("env.plugins=[tempering_plugin_exampel.env:ReverseEnv]",
-     "env.plugins: environment 'tempering_plugin_exampel.env:ReverseEnv': cannot import module"),
-    (f"env.plugins=[{REWARD}]",
-     f"env.plugins: environment '{REWARD}' is not a subclass of tempering.envs.Environment"),
-    ("env.plugins=[answer]", "env.plugins: 'answer' is not of the form 'package.module:Class'"),
-    ("algo.policy_loss=tempering_plugin_example.loss:hard_clip", "algo.policy_loss: policy loss "
-     "'tempering_plugin_example.loss:hard_clip': module 'tempering_plugin_example.loss' has no callable"),
-    ("algo.clip_ratoi=0.3", "unknown config key 'algo.clip_ratoi'"),
-    ("reward.weights={letter: 1.0}", "reward.weights: unknown name 'letter'"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        (
+            "env.plugins=[tempering_plugin_exampel.env:ReverseEnv]",
+            "env.plugins: environment 'tempering_plugin_exampel.env:ReverseEnv': cannot import module",
+        ),
+        (
+            f"env.plugins=[{REWARD}]",
+            f"env.plugins: environment '{REWARD}' is not a subclass of tempering.envs.Environment",
+        ),
+        ("env.plugins=[answer]", "env.plugins: 'answer' is not of the form 'package.module:Class'"),
+        (
+            "algo.policy_loss=tempering_plugin_example.loss:hard_clip",
+            "algo.policy_loss: policy loss "
+            "'tempering_plugin_example.loss:hard_clip': module 'tempering_plugin_example.loss' has no callable",
+        ),
+        ("algo.clip_ratoi=0.3", "unknown config key 'algo.clip_ratoi'"),
+        ("reward.weights={letter: 1.0}", "reward.weights: unknown name 'letter'"),
+    ],
+)
 def test_plugin_config_mistakes_name_what_is_wrong(plugin_path, override, message):
     with pytest.raises(ConfigError) as e:
         load_config(ROOT / CONFIG, ["reward.params={}", override])

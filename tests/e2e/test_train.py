@@ -19,15 +19,36 @@ from tests.helpers.runs import (
 @pytest.mark.slow
 def test_smoke_run_writes_the_run_directory(smoke_run):
     summary = json.loads((smoke_run / "summary.json").read_text())
-    for key in ("heldout_pass@1_before", "heldout_pass@1_after", "heldout_greedy_pass@1_before",
-                "heldout_greedy_pass@1_after", "wall_time_s"):
+    for key in (
+        "heldout_pass@1_before",
+        "heldout_pass@1_after",
+        "heldout_greedy_pass@1_before",
+        "heldout_greedy_pass@1_after",
+        "wall_time_s",
+    ):
         assert 0 <= summary[key] <= (1 if "pass" in key else 1e6)
     rows = metrics(smoke_run)
     assert [r["step"] for r in rows] == list(range(1, 7))
-    for key in ("reward/mean", "reward/std", "reward/tests/mean", "reward/format/mean", "actor/pg_loss",
-                "actor/pg_clipfrac", "actor/ppo_kl", "actor/entropy", "actor/grad_norm", "actor/lr",
-                "critic/advantages/mean", "response_length/mean", "response_length/clip_ratio",
-                "timing_s/gen", "timing_s/reward", "timing_s/update", "timing_s/step", "perf/tokens_per_s"):
+    for key in (
+        "reward/mean",
+        "reward/std",
+        "reward/tests/mean",
+        "reward/format/mean",
+        "actor/pg_loss",
+        "actor/pg_clipfrac",
+        "actor/ppo_kl",
+        "actor/entropy",
+        "actor/grad_norm",
+        "actor/lr",
+        "critic/advantages/mean",
+        "response_length/mean",
+        "response_length/clip_ratio",
+        "timing_s/gen",
+        "timing_s/reward",
+        "timing_s/update",
+        "timing_s/step",
+        "perf/tokens_per_s",
+    ):
         assert key in rows[0], key
     assert "val/pass@1" in rows[2] and "val/greedy_pass@1" in rows[2]
     assert (smoke_run / "checkpoints" / "LATEST").read_text().strip() == "step_000006"
@@ -36,7 +57,8 @@ def test_smoke_run_writes_the_run_directory(smoke_run):
     assert (smoke_run / "plot.png").read_bytes()[:4] == b"\x89PNG"
     assert "seed: 0" in (smoke_run / "config.yaml").read_text()
     assert (smoke_run / "checkpoints" / "step_000006" / "config.yaml").read_text() == (
-        smoke_run / "config.yaml").read_text()
+        smoke_run / "config.yaml"
+    ).read_text()
 
 
 @pytest.mark.slow
@@ -56,10 +78,10 @@ def test_sigkill_after_a_checkpoint_then_resume_gives_identical_metrics(smoke_ru
     assert not (run_dir / "summary.json").exists()
     tempering("train", "configs/smoke.yaml", f"run.dir={run_dir}")
     assert stable(metrics(run_dir)) == stable(metrics(smoke_run))
-    assert json.loads((run_dir / "summary.json").read_text())["heldout_pass@1_after"] == json.loads(
-        (smoke_run / "summary.json").read_text())["heldout_pass@1_after"]
-
-
+    assert (
+        json.loads((run_dir / "summary.json").read_text())["heldout_pass@1_after"]
+        == json.loads((smoke_run / "summary.json").read_text())["heldout_pass@1_after"]
+    )
 
 
 @pytest.mark.slow
@@ -85,8 +107,10 @@ def test_bad_inputs_fail_with_one_line_and_lose_nothing(tmp_path):
     run_dir.mkdir()
     (run_dir / "notes.txt").write_text("keep me")
     bad_tasks = tmp_path / "tasks.jsonl"
-    bad_tasks.write_text('{"id": "a", "domain": "d", "prompt": "p", "tests": [{"input": [1], "output": 1}], '
-                         '"entry_point": "f"}\n{"id": "b"\n')
+    bad_tasks.write_text(
+        '{"id": "a", "domain": "d", "prompt": "p", "tests": [{"input": [1], "output": 1}], '
+        '"entry_point": "f"}\n{"id": "b"\n'
+    )
     cases = [
         (["algo.lrr=1"], "unknown config key 'algo.lrr'"),
         (["model.path=/nonexistent/model"], "model path '/nonexistent/model' does not exist"),
@@ -102,17 +126,22 @@ def test_bad_inputs_fail_with_one_line_and_lose_nothing(tmp_path):
     assert (run_dir / "notes.txt").read_text() == "keep me"
 
 
-
-
-
-
-@pytest.mark.parametrize("override, message", [
-    ("reward.params={tests: {edge_wieght: 2.0}}", "reward.params.tests: unknown parameter(s) edge_wieght"),
-    ("algo.estimator=no_such_pkg.adv:fn", "algo.estimator: advantage estimator 'no_such_pkg.adv:fn': cannot import"),
-    ("checkpoint.every=0", "config key 'checkpoint.every'"),
-    ("env.options.flaky_failure_rat=0.5", "unknown config key 'env.options.flaky_failure_rat'"),
-    (CLOSED_URL, "sandbox.url: sandbox service at http://127.0.0.1:"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        (
+            "reward.params={tests: {edge_wieght: 2.0}}",
+            "reward.params.tests: unknown parameter(s) edge_wieght",
+        ),
+        (
+            "algo.estimator=no_such_pkg.adv:fn",
+            "algo.estimator: advantage estimator 'no_such_pkg.adv:fn': cannot import",
+        ),
+        ("checkpoint.every=0", "config key 'checkpoint.every'"),
+        ("env.options.flaky_failure_rat=0.5", "unknown config key 'env.options.flaky_failure_rat'"),
+        (CLOSED_URL, "sandbox.url: sandbox service at http://127.0.0.1:"),
+    ],
+)
 def test_late_config_errors_fail_before_the_run_directory_exists(tmp_path, override, message):
     """Each of these used to pass load time and fail after SFT and the held-out evaluation (or, for the
     sandbox URL, after config.yaml and data/ were written)."""
@@ -123,10 +152,6 @@ def test_late_config_errors_fail_before_the_run_directory_exists(tmp_path, overr
     assert message in proc.stderr
     assert proc.stderr.strip().count("\n") == 0, proc.stderr
     assert not run_dir.exists()
-
-
-
-
 
 
 def summary_of(run_dir):
@@ -169,9 +194,12 @@ def test_the_same_command_on_a_finished_run_records_no_change_and_rewrites_nothi
     assert not (run_dir / "config_history").exists() and "config_changes" not in summary_of(run_dir)
     after = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
     summary = run_dir / "summary.json"  # its wall_time_s is this invocation's
-    assert {p: b for p, b in after.items() if p != summary} == {p: b for p, b in before.items() if p != summary}
+    assert {p: b for p, b in after.items() if p != summary} == {
+        p: b for p, b in before.items() if p != summary
+    }
     assert {k: v for k, v in json.loads(before[summary]).items() if k != "wall_time_s"} == {
-        k: v for k, v in summary_of(run_dir).items() if k != "wall_time_s"}
+        k: v for k, v in summary_of(run_dir).items() if k != "wall_time_s"
+    }
 
 
 @pytest.mark.slow
@@ -214,8 +242,18 @@ def test_a_changed_config_on_resume_is_refused_unless_the_flag_is_given(tmp_path
 @pytest.mark.slow
 def test_eval_command_on_a_checkpoint(smoke_run, tmp_path):
     out = tmp_path / "eval.json"
-    proc = tempering("eval", smoke_run / "checkpoints" / "step_000006", "--tasks", smoke_run / "data" / "heldout.jsonl",
-                     "--samples", "3", "--k", "1,2", "--out", out)
+    proc = tempering(
+        "eval",
+        smoke_run / "checkpoints" / "step_000006",
+        "--tasks",
+        smoke_run / "data" / "heldout.jsonl",
+        "--samples",
+        "3",
+        "--k",
+        "1,2",
+        "--out",
+        out,
+    )
     report = json.loads(out.read_text())
     assert report["num_tasks"] == 24 and set(report["overall"]) == {"pass@1", "pass@2"}
     assert "arithmetic" in proc.stdout and "pass@2" in proc.stdout
@@ -229,8 +267,17 @@ def test_sandbox_run_prints_exec_result_json(tmp_path):
     proc = tempering("sandbox", "run", prog, "--stdin", stdin, "--json")
     result = json.loads(proc.stdout)
     assert result["status"] == "ok" and result["stdout"] == "abab\n"
-    for key in ("exit_code", "signal", "stderr", "stdout_truncated", "stderr_truncated", "wall_time_s",
-                "cpu_time_s", "max_rss_mb", "tests"):
+    for key in (
+        "exit_code",
+        "signal",
+        "stderr",
+        "stdout_truncated",
+        "stderr_truncated",
+        "wall_time_s",
+        "cpu_time_s",
+        "max_rss_mb",
+        "tests",
+    ):
         assert key in result
     prog.write_text("while True: pass")
     proc = tempering("sandbox", "run", prog, "--timeout", "0.3", "--json", check=False)
@@ -242,21 +289,42 @@ def test_pass_rates_choose_the_tasks_and_benchmarks_are_evaluated_before_and_aft
     rates = tmp_path / "rates.json"
     proc = tempering("data", "pass-rates", "configs/smoke.yaml", "--out", rates, check=False)
     assert proc.returncode == 2 and "names no start model" in proc.stderr and not rates.exists()
-    tempering("data", "pass-rates", "configs/smoke.yaml", f"model.path={tiny_model_dir}", "data.describe=true",
-              "--per-family", "1", "--samples", "2", "--out", rates)
+    tempering(
+        "data",
+        "pass-rates",
+        "configs/smoke.yaml",
+        f"model.path={tiny_model_dir}",
+        "data.describe=true",
+        "--per-family",
+        "1",
+        "--samples",
+        "2",
+        "--out",
+        rates,
+    )
     measured = json.loads(rates.read_text())
     assert measured["samples"] == 2 and len(measured["families"]) == 47
     assert {f["tasks"] for f in measured["families"].values()} == {1}
     # A random tiny model solves nothing: a range above 0 leaves nothing to train on - one line, nothing written.
     run_dir = tmp_path / "run"
     proc = train_tiny(run_dir, f"data.pass_rates={rates}", "data.pass_range=[0.5, 1.0]", check=False)
-    assert proc.returncode == 2 and "data.pass_range: [0.5, 1.0] leaves no training task (0 of 47" in proc.stderr
+    assert (
+        proc.returncode == 2 and "data.pass_range: [0.5, 1.0] leaves no training task (0 of 47" in proc.stderr
+    )
     assert not run_dir.exists()
 
     hand = tmp_path / "hand.json"
     hand.write_text(json.dumps({"families": {"add": {"pass_rate": 0.5}, "sort": {"pass_rate": 0.0}}}))
-    proc = train_tiny(run_dir, f"model.path={tiny_model_dir}", "sft.steps=0", "train.steps=1", "data.describe=true",
-                      f"data.pass_rates={hand}", "data.pass_range=[0.1, 1.0]", "eval.benchmarks=[humaneval]")
+    proc = train_tiny(
+        run_dir,
+        f"model.path={tiny_model_dir}",
+        "sft.steps=0",
+        "train.steps=1",
+        "data.describe=true",
+        f"data.pass_rates={hand}",
+        "data.pass_range=[0.1, 1.0]",
+        "eval.benchmarks=[humaneval]",
+    )
     train = [json.loads(line) for line in (run_dir / "data" / "train.jsonl").read_text().splitlines()]
     templates = {t["metadata"]["template"] for t in train}
     assert "sort" not in templates and "add" in templates and len(templates) > 30  # unmeasured families stay

@@ -21,21 +21,23 @@ def test_countdown_checks_numbers_and_target():
 
 def test_countdown_accepts_exactly_what_its_prompt_asks_for():
     [task], _ = generate_answer_tasks(1, 0, seed=0, domains=["countdown"])
-    assert COUNTDOWN_RULES in task.prompt.lower()  # "use each number exactly once, with + - * and parentheses"
+    assert (
+        COUNTDOWN_RULES in task.prompt.lower()
+    )  # "use each number exactly once, with + - * and parentheses"
     numbers = [2, 2, 4]
     assert check_countdown("2*2*4", numbers, 16) == (True, "")
     assert check_countdown("  ( 2 * (2) ) *4 ", numbers, 16) == (True, "")  # whitespace and parentheses
     assert check_countdown("4*(2+2)", numbers, 16) == (True, "")
     cases = {
-        "2*4": "does not use every number: [2] left",           # a number missing
-        "2*2*4*2": "more often than given",                      # a number reused
-        "4*4": "more often than given",                          # a number used more often than given
-        "2/2*4*2": "only the given numbers, + - *",              # division
-        "16": "not given",                                       # a bare number (the target itself)
-        "-2*-2*4": "only the given numbers, + - *",              # unary minus makes a number not given
-        "2**2*4": "only the given numbers, + - *",               # power
-        "2.0*2*4": "only the given numbers, + - *",              # a float
-        "1+" * 150 + "1": "longer than 200 characters",          # refused before parsing
+        "2*4": "does not use every number: [2] left",  # a number missing
+        "2*2*4*2": "more often than given",  # a number reused
+        "4*4": "more often than given",  # a number used more often than given
+        "2/2*4*2": "only the given numbers, + - *",  # division
+        "16": "not given",  # a bare number (the target itself)
+        "-2*-2*4": "only the given numbers, + - *",  # unary minus makes a number not given
+        "2**2*4": "only the given numbers, + - *",  # power
+        "2.0*2*4": "only the given numbers, + - *",  # a float
+        "1+" * 150 + "1": "longer than 200 characters",  # refused before parsing
         "2*2*": "not an arithmetic expression",
     }
     for expression, why in cases.items():

@@ -14,7 +14,8 @@ from tempering.types import Task
 @pytest.fixture()
 def user_module(tmp_path, monkeypatch):
     """A module `user_envs` of environments a user got wrong (and one right)."""
-    (tmp_path / "user_envs.py").write_text(textwrap.dedent("""
+    (tmp_path / "user_envs.py").write_text(
+        textwrap.dedent("""
         from tempering.envs import Environment, Step
 
         class Echo(Environment):
@@ -31,16 +32,23 @@ def user_module(tmp_path, monkeypatch):
         class OneArgument(Echo):
             def __init__(self, ctx):
                 super().__init__(ctx)
-    """))
+    """)
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
 
 
-@pytest.mark.parametrize("name, message", [
-    ("user_envs:NoStep", "environment 'user_envs:NoStep' does not implement step"),
-    ("user_envs:OneArgument", "environment 'user_envs:OneArgument' cannot take the arguments the run passes"),
-    ("user_envs:Nope", "module 'user_envs' has no callable 'Nope'"),
-    ("echo", "unknown env 'echo'; known: "),
-])
+@pytest.mark.parametrize(
+    "name, message",
+    [
+        ("user_envs:NoStep", "environment 'user_envs:NoStep' does not implement step"),
+        (
+            "user_envs:OneArgument",
+            "environment 'user_envs:OneArgument' cannot take the arguments the run passes",
+        ),
+        ("user_envs:Nope", "module 'user_envs' has no callable 'Nope'"),
+        ("echo", "unknown env 'echo'; known: "),
+    ],
+)
 def test_environment_class_says_what_is_wrong(user_module, name, message):
     with pytest.raises(ConfigError) as e:
         envs.environment_class(name)
@@ -59,8 +67,14 @@ def test_env_context_has_named_fields_and_options_hold_only_env_options():
     from tempering.config import load_config
     from tempering.envs import env_context
 
-    cfg = load_config("configs/smoke.yaml", ["reward.guards=false", "reward.guard_kinds=[exit_before_tests]",
-                                             "reward.params={tests: {partial: examples}}"])
+    cfg = load_config(
+        "configs/smoke.yaml",
+        [
+            "reward.guards=false",
+            "reward.guard_kinds=[exit_before_tests]",
+            "reward.params={tests: {partial: examples}}",
+        ],
+    )
     ctx = env_context(cfg, sandbox=None, needs={"lint"})
     assert ctx.needs == {"lint"} and ctx.guards is False and ctx.guard_kinds == ["exit_before_tests"]
     assert ctx.partial == "examples" and ctx.options == cfg.env.options.model_dump()

@@ -9,7 +9,7 @@ def test_feedback_shows_failing_examples_but_never_hidden_expected_values(tasks,
     env = make_env(task, EnvContext(sandbox, max_turns=3))
     env.reset(task)
     body = task.metadata["body"]
-    wrong = body.rsplit(" ", 1)[0] + f" {int(body.rsplit(' ', 1)[1]) + 1}\n"   # the constant off by one
+    wrong = body.rsplit(" ", 1)[0] + f" {int(body.rsplit(' ', 1)[1]) + 1}\n"  # the constant off by one
     step = env.step(wrong)
     assert not step.done and step.observation.startswith("# feedback: ")
     example = task.examples[0]
@@ -64,8 +64,13 @@ def test_hidden_check_assertions_are_not_shown(sandbox):
 def test_hidden_stdout_is_never_shown(sandbox):
     from tempering.types import Task
 
-    task = Task(id="io", domain="d", prompt="", examples=[{"stdin": "0\n", "stdout": "2\n"}],
-                tests=[{"stdin": "5\n", "stdout": "37\n"}, {"stdin": "1\n", "stdout": "9\n"}])
+    task = Task(
+        id="io",
+        domain="d",
+        prompt="",
+        examples=[{"stdin": "0\n", "stdout": "2\n"}],
+        tests=[{"stdin": "5\n", "stdout": "37\n"}, {"stdin": "1\n", "stdout": "9\n"}],
+    )
     env = make_env(task, EnvContext(sandbox, max_turns=2))
     env.reset(task)
     step = env.step("print(int(input()) * 7 + 1)\n")
@@ -79,8 +84,14 @@ def test_a_caught_attempt_that_passes_everything_is_rejected_not_a_crash(tasks):
 
     class Forged:
         def run_tests_batch(self, items):
-            return [ExecResult("ok", tests=[TestResult(f"t{i}", True) for i in range(len(task.tests))],
-                               flags=["patched_builtins"]) for task, _ in items]
+            return [
+                ExecResult(
+                    "ok",
+                    tests=[TestResult(f"t{i}", True) for i in range(len(task.tests))],
+                    flags=["patched_builtins"],
+                )
+                for task, _ in items
+            ]
 
     task = tasks[0][0].model_copy(update={"examples": []})
     env = make_env(task, EnvContext(Forged(), max_turns=2))

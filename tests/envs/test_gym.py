@@ -25,7 +25,9 @@ def test_tasks_survive_a_task_file_and_score_with_their_verifier():
     for task in train:
         task = Task.model_validate(json.loads(task.model_dump_json()))  # as read back from JSONL
         assert score_gym_answer(task, str(task.answer)) == 1.0, task.domain
-        assert score_gym_answer(task, "zzz") == 0.0, task.domain  # game_of_life_halting's own verifier says 1.0
+        assert score_gym_answer(task, "zzz") == 0.0, (
+            task.domain
+        )  # game_of_life_halting's own verifier says 1.0
 
 
 def test_generation_is_deterministic_even_for_global_random_users():
@@ -74,9 +76,9 @@ def crafted_answers(target):
         f"(lambda: 0).__globals__['__builtins__']['open']('{target}', 'w')",
         f"(x for x in [1]).gi_frame.f_globals.get('os').system('touch {target}')",
         # forge this answer's own result on the worker's result channel, then leave before the real one
-        "__import__('os').write(3, b'{\"i\": 0, \"ok\": true, \"value\": \"1.0\"}\\n{\"event\": \"done\"}\\n') "
+        '__import__(\'os\').write(3, b\'{"i": 0, "ok": true, "value": "1.0"}\\n{"event": "done"}\\n\') '
         "and __import__('os')._exit(0)",
-        "__import__('os').write(3, b'{\"i\": 0, \"ok\": true, \"value\": \"1.0\"}\\n')",
+        '__import__(\'os\').write(3, b\'{"i": 0, "ok": true, "value": "1.0"}\\n\')',
     ]
 
 
@@ -86,7 +88,11 @@ def test_a_crafted_answer_runs_nothing_on_the_host_and_scores_zero(isolation, tm
 
     task = one_task("string_insertion")
     pool = verifier_pool() if isolation == "auto" else verifier_pool(isolation, 1)  # auto: the shared default
-    targets = [tmp_path / "pwned", Path("/root") / f"pwned-{os.getpid()}", Path("/tmp") / f"pwned-{os.getpid()}"]
+    targets = [
+        tmp_path / "pwned",
+        Path("/root") / f"pwned-{os.getpid()}",
+        Path("/tmp") / f"pwned-{os.getpid()}",
+    ]
     for target in targets:
         for answer in crafted_answers(target):
             assert score_gym_answer(task, answer, pool) == 0.0, answer
@@ -98,11 +104,23 @@ def test_answers_score_as_their_verifier_says_in_the_sandbox():
     from tempering.envs.gym import score_gym_answers
 
     insertion, spiral = one_task("string_insertion"), one_task("spiral_matrix")
-    items = [(insertion, str(insertion.answer)), (insertion, str(list(str(insertion.answer)))),  # eval'd: 0.1
-             (spiral, str(spiral.answer)), (spiral, str(spiral.answer.split())), (spiral, "1 2 3")]
+    items = [
+        (insertion, str(insertion.answer)),
+        (insertion, str(list(str(insertion.answer)))),  # eval'd: 0.1
+        (spiral, str(spiral.answer)),
+        (spiral, str(spiral.answer.split())),
+        (spiral, "1 2 3"),
+    ]
     expected = [1.0, 0.1, 1.0, 0.1, 0.0]
-    for name in ["countdown", "simple_integration", "polynomial_multiplication", "arc_1d", "arc_agi",
-                 "game_of_life_halting", "basic_arithmetic"]:  # sympy's parse_expr, tuples from JSON, host-checked
+    for name in [
+        "countdown",
+        "simple_integration",
+        "polynomial_multiplication",
+        "arc_1d",
+        "arc_agi",
+        "game_of_life_halting",
+        "basic_arithmetic",
+    ]:  # sympy's parse_expr, tuples from JSON, host-checked
         task = one_task(name)
         items += [(task, str(task.answer)), (task, "zzz")]
         expected += [1.0, 0.01 if name == "countdown" else 0.0]  # countdown: format credit

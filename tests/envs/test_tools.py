@@ -15,8 +15,14 @@ from tempering.types import Task
 
 
 def _task(tools: list[str], answer: object = "x", **metadata: object) -> Task:
-    return Task(id="t", domain="test", prompt="Task: test\n", env="tool", answer=answer,
-                metadata={"tools": tools, **metadata})
+    return Task(
+        id="t",
+        domain="test",
+        prompt="Task: test\n",
+        env="tool",
+        answer=answer,
+        metadata={"tools": tools, **metadata},
+    )
 
 
 def _env(task: Task, seed: int = 0, max_turns: int = 8, **options: object) -> ToolEnv:
@@ -57,23 +63,36 @@ def test_first_tag_decides():
     assert call.name == "calculator" and call.arguments == {"expression": "1+1"}
 
 
-@pytest.mark.parametrize("action, problem", [
-    ("12", "no <tool_call> or <answer> tag"),
-    ('<tool_call>{"name": "calculator", "arguments": {"expression": "1"}}', "not closed"),
-    ("<answer>12", "not closed"),
-    ('<tool_call>{"name": "calculator", "arguments": </tool_call>', "not valid JSON"),
-    ('<tool_call>["calculator"]</tool_call>', "JSON object with a string 'name'"),
-    ('<tool_call>{"name": 3, "arguments": {}}</tool_call>', "JSON object with a string 'name'"),
-    ('<tool_call>{"name": "calculator", "arguments": "3*4"}</tool_call>', "an object 'arguments'"),
-    ('<tool_call>{"name": "rm_rf", "arguments": {}}</tool_call>', "unknown tool 'rm_rf'; available: calculator"),
-    ('<tool_call>{"name": "calculator", "arguments": {}}</tool_call>',
-     "arguments do not match calculator's schema: 'expression' is a required property"),
-    ('<tool_call>{"name": "calculator", "arguments": {"expression": 3}}</tool_call>', "is not of type 'string'"),
-    ('<tool_call>{"name": "calculator", "arguments": {"expression": "1", "x": 1}}</tool_call>',
-     "Additional properties"),
-    (format_call("calculator", expression="1/0"), "division by zero"),
-    ("<tool_call>" + "[" * 100_000 + "</tool_call>", "tool call"),
-])
+@pytest.mark.parametrize(
+    "action, problem",
+    [
+        ("12", "no <tool_call> or <answer> tag"),
+        ('<tool_call>{"name": "calculator", "arguments": {"expression": "1"}}', "not closed"),
+        ("<answer>12", "not closed"),
+        ('<tool_call>{"name": "calculator", "arguments": </tool_call>', "not valid JSON"),
+        ('<tool_call>["calculator"]</tool_call>', "JSON object with a string 'name'"),
+        ('<tool_call>{"name": 3, "arguments": {}}</tool_call>', "JSON object with a string 'name'"),
+        ('<tool_call>{"name": "calculator", "arguments": "3*4"}</tool_call>', "an object 'arguments'"),
+        (
+            '<tool_call>{"name": "rm_rf", "arguments": {}}</tool_call>',
+            "unknown tool 'rm_rf'; available: calculator",
+        ),
+        (
+            '<tool_call>{"name": "calculator", "arguments": {}}</tool_call>',
+            "arguments do not match calculator's schema: 'expression' is a required property",
+        ),
+        (
+            '<tool_call>{"name": "calculator", "arguments": {"expression": 3}}</tool_call>',
+            "is not of type 'string'",
+        ),
+        (
+            '<tool_call>{"name": "calculator", "arguments": {"expression": "1", "x": 1}}</tool_call>',
+            "Additional properties",
+        ),
+        (format_call("calculator", expression="1/0"), "division by zero"),
+        ("<tool_call>" + "[" * 100_000 + "</tool_call>", "tool call"),
+    ],
+)
 def test_malformed_call_is_an_error_observation(action, problem):
     step = _env(CALC).step(action)
     assert not step.done and step.rewards == {"success": 0.0, "tool_error": 1.0}
@@ -91,22 +110,47 @@ def test_service_exception_becomes_error_text(monkeypatch):
     assert "error: calculator failed: KeyError" in step.observation
 
 
-@pytest.mark.parametrize("expression", [
-    "__import__('os')", "__import__('os').system('true')", "(1).__class__", "abs(-3)", "x + 1",
-    "9**9**9", "2**1000", "10**20", "1e308 * 10", "(-8) ** 0.5", "[1, 2]", "1 if 1 else 2", "1" * 300,
-])
+@pytest.mark.parametrize(
+    "expression",
+    [
+        "__import__('os')",
+        "__import__('os').system('true')",
+        "(1).__class__",
+        "abs(-3)",
+        "x + 1",
+        "9**9**9",
+        "2**1000",
+        "10**20",
+        "1e308 * 10",
+        "(-8) ** 0.5",
+        "[1, 2]",
+        "1 if 1 else 2",
+        "1" * 300,
+    ],
+)
 def test_calculator_refuses_anything_but_small_arithmetic(expression):
     step = _env(CALC).step(format_call("calculator", expression=expression))
     assert step.info["error"] is not None and step.rewards["tool_error"] == 1.0
 
 
 def test_calculator_arithmetic():
-    for expression in ["37 * 4 + 5", "-(2 + 3) ** 2 // 4 % 5", "7 / 2", "2 ** -2 - 0.5", "+3 - -4 * (1.5 + 2)"]:
+    for expression in [
+        "37 * 4 + 5",
+        "-(2 + 3) ** 2 // 4 % 5",
+        "7 / 2",
+        "2 ** -2 - 0.5",
+        "+3 - -4 * (1.5 + 2)",
+    ]:
         assert calculate(expression) == eval(expression)  # the slow reference: Python itself
     env = _env(CALC)
-    assert env.step(format_call("calculator", expression="12 / 4")).observation == "<tool_response>3</tool_response>\n"
-    assert env.step(format_call("calculator", expression="1 / 3")).observation == \
-        "<tool_response>0.333333</tool_response>\n"
+    assert (
+        env.step(format_call("calculator", expression="12 / 4")).observation
+        == "<tool_response>3</tool_response>\n"
+    )
+    assert (
+        env.step(format_call("calculator", expression="1 / 3")).observation
+        == "<tool_response>0.333333</tool_response>\n"
+    )
 
 
 def test_db_tools_and_missing_key():
@@ -142,9 +186,11 @@ def test_db_set_task_needs_the_right_final_state():
 
 
 def test_search_finds_the_right_doc():
-    docs = [{"title": "Plim", "text": "The capital of Plim is Kab."},
-            {"title": "Zorvia", "text": "The capital of Zorvia is Tesk. Zorvia has 12 moons."},
-            {"title": "Vell", "text": "Vell has 3 moons."}]
+    docs = [
+        {"title": "Plim", "text": "The capital of Plim is Kab."},
+        {"title": "Zorvia", "text": "The capital of Zorvia is Tesk. Zorvia has 12 moons."},
+        {"title": "Vell", "text": "Vell has 3 moons."},
+    ]
     env = _env(_task(["search"], docs=docs))
     out = env.step(format_call("search", query="capital of Zorvia")).observation
     assert out.startswith("<tool_response>Zorvia: The capital of Zorvia is Tesk.")
@@ -160,8 +206,9 @@ def _weather_pattern(seed: int, calls: int = 12, **options: object) -> list[str]
 def test_flaky_api_fails_then_succeeds():
     env = _env(_task(["weather"], weather={"Brell": 21}), flaky_failure_rate=1.0, flaky_max_failures=2)
     steps = [env.step(format_call("weather", city="Brell")) for _ in range(3)]
-    assert [s.observation for s in steps] == [f"<tool_response>error: {e}</tool_response>\n" for e in FLAKY_ERRORS] \
-        + ["<tool_response>21</tool_response>\n"]
+    assert [s.observation for s in steps] == [
+        f"<tool_response>error: {e}</tool_response>\n" for e in FLAKY_ERRORS
+    ] + ["<tool_response>21</tool_response>\n"]
     assert all(s.rewards["tool_error"] == 0.0 and not s.done for s in steps)  # the service's fault
     assert [s.info["unavailable"] for s in steps] == [True, True, False]
 

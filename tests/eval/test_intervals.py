@@ -17,7 +17,7 @@ def test_a_constant_has_a_zero_width_interval_and_an_empty_set_none():
 def test_the_interval_of_a_pass_rate_has_the_binomial_width():
     values = np.random.default_rng(1).random(400) < 0.5
     low, high = bootstrap_ci(values.astype(float))
-    half = 1.96 * math.sqrt(0.25 / 400)                       # the normal approximation: 0.049
+    half = 1.96 * math.sqrt(0.25 / 400)  # the normal approximation: 0.049
     assert low < values.mean() < high
     assert (high - low) / 2 == pytest.approx(half, rel=0.15)
 
@@ -25,11 +25,11 @@ def test_the_interval_of_a_pass_rate_has_the_binomial_width():
 def test_a_paired_gain_cancels_the_problems_difficulty():
     rng = np.random.default_rng(2)
     before = rng.random(300)
-    after = np.clip(before + 0.05, 0, 1.05)                   # every problem up by 0.05
+    after = np.clip(before + 0.05, 0, 1.05)  # every problem up by 0.05
     gain, low, high = paired_gain(before, after)
     assert gain == pytest.approx(0.05) and low == pytest.approx(0.05) and high == pytest.approx(0.05)
     unpaired = np.subtract(bootstrap_ci(after, seed=1), bootstrap_ci(before, seed=2)[::-1])
-    assert unpaired[0] < 0 < unpaired[1]                      # two separate intervals could not tell
+    assert unpaired[0] < 0 < unpaired[1]  # two separate intervals could not tell
 
 
 def test_pass_intervals_per_domain():

@@ -72,24 +72,50 @@ class Family:
 
 
 FAMILIES: dict[str, Family] = {
-    "llama": Family(LlamaConfig, "<|begin_of_text|>", "<|end_of_text|>", "<|finetune_right_pad_id|>", LLAMA3,
-                    "<|eot_id|>", ["<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"],
-                    generation_eos=["<|end_of_text|>", "<|eot_id|>"]),
+    "llama": Family(
+        LlamaConfig,
+        "<|begin_of_text|>",
+        "<|end_of_text|>",
+        "<|finetune_right_pad_id|>",
+        LLAMA3,
+        "<|eot_id|>",
+        ["<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"],
+        generation_eos=["<|end_of_text|>", "<|eot_id|>"],
+    ),
     "qwen2": Family(Qwen2Config, None, "<|im_end|>", "<|endoftext|>", CHATML, "<|im_end|>", ["<|im_start|>"]),
-    "qwen3": Family(Qwen3Config, None, "<|endoftext|>", "<|endoftext|>", CHATML, "<|im_end|>",
-                    ["<|im_start|>", "<|im_end|>"], generation_eos=["<|im_end|>", "<|endoftext|>"],
-                    config_kw={"head_dim": 16}),
+    "qwen3": Family(
+        Qwen3Config,
+        None,
+        "<|endoftext|>",
+        "<|endoftext|>",
+        CHATML,
+        "<|im_end|>",
+        ["<|im_start|>", "<|im_end|>"],
+        generation_eos=["<|im_end|>", "<|endoftext|>"],
+        config_kw={"head_dim": 16},
+    ),
     "mistral": Family(MistralConfig, "<s>", "</s>", "<unk>", MISTRAL, "</s>", ["[INST]", "[/INST]"]),
-    "gemma": Family(GemmaConfig, "<bos>", "<eos>", "<pad>", GEMMA, "<end_of_turn>",
-                    ["<start_of_turn>", "<end_of_turn>"], generation_eos=["<eos>", "<end_of_turn>"],
-                    config_kw={"head_dim": 16}),
+    "gemma": Family(
+        GemmaConfig,
+        "<bos>",
+        "<eos>",
+        "<pad>",
+        GEMMA,
+        "<end_of_turn>",
+        ["<start_of_turn>", "<end_of_turn>"],
+        generation_eos=["<eos>", "<end_of_turn>"],
+        config_kw={"head_dim": 16},
+    ),
     "gpt2": Family(GPT2Config, "<|endoftext|>", "<|endoftext|>", "<|endoftext|>", None, "<|endoftext|>"),
 }
 
 TEXT = [
-    "def add(a, b):\n    return a + b\n", "Write a function that returns the sum of a list.",
-    "def first(xs):\n    return xs[0]\n", "Traceback (most recent call last): AssertionError",
-    "tests passed: 3/4. add(1, 2) returned 4, expected 3", "The answer is 42.",
+    "def add(a, b):\n    return a + b\n",
+    "Write a function that returns the sum of a list.",
+    "def first(xs):\n    return xs[0]\n",
+    "Traceback (most recent call last): AssertionError",
+    "tests passed: 3/4. add(1, 2) returned 4, expected 3",
+    "The answer is 42.",
 ]
 
 
@@ -102,14 +128,26 @@ def build(name: str, path: Path, texts: list[str] = TEXT, vocab_size: int = 320)
     tokenizer.bos_token, tokenizer.eos_token, tokenizer.pad_token = fam.bos, fam.eos, fam.pad
     tokenizer.chat_template = fam.template
     ids = tokenizer.convert_tokens_to_ids
-    size = dict(vocab_size=len(tokenizer), bos_token_id=ids(fam.bos) if fam.bos else None,
-                eos_token_id=ids(fam.eos), pad_token_id=ids(fam.pad))
+    size = dict(
+        vocab_size=len(tokenizer),
+        bos_token_id=ids(fam.bos) if fam.bos else None,
+        eos_token_id=ids(fam.eos),
+        pad_token_id=ids(fam.pad),
+    )
     if fam.config is GPT2Config:
         config = GPT2Config(n_embd=32, n_layer=2, n_head=2, n_positions=512, **size)
     else:
-        config = fam.config(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-                            num_key_value_heads=1, max_position_embeddings=512, tie_word_embeddings=True,
-                            **size, **fam.config_kw)
+        config = fam.config(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            max_position_embeddings=512,
+            tie_word_embeddings=True,
+            **size,
+            **fam.config_kw,
+        )
     model = AutoModelForCausalLM.from_config(config)
     if fam.generation_eos:
         model.generation_config.eos_token_id = [ids(t) for t in fam.generation_eos]

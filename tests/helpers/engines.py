@@ -25,8 +25,10 @@ class ScriptedEngine:
         rows = []
         for ids in prompts:
             text = self.script(turn, tokenizer.decode(ids))
-            rows.append(tokenizer(text, add_special_tokens=False).input_ids[: max_new_tokens - 1]
-                        + [tokenizer.eos_token_id])
+            rows.append(
+                tokenizer(text, add_special_tokens=False).input_ids[: max_new_tokens - 1]
+                + [tokenizer.eos_token_id]
+            )
         width = max(len(r) for r in rows)
         ids = torch.full((len(rows), width), tokenizer.pad_token_id)
         mask = torch.zeros((len(rows), width))
@@ -34,8 +36,15 @@ class ScriptedEngine:
             ids[i, : len(r)] = torch.tensor(r)
             mask[i, : len(r)] = 1
         prompt_ids, prompt_mask = left_pad(prompts, tokenizer.pad_token_id)
-        return Generation(prompt_ids, prompt_mask, ids, mask, -0.5 * mask, torch.zeros(len(rows), dtype=torch.bool),
-                          [tokenizer.decode(r[:-1]) for r in rows])
+        return Generation(
+            prompt_ids,
+            prompt_mask,
+            ids,
+            mask,
+            -0.5 * mask,
+            torch.zeros(len(rows), dtype=torch.bool),
+            [tokenizer.decode(r[:-1]) for r in rows],
+        )
 
     def release(self):
         pass

@@ -7,6 +7,7 @@ from tests.helpers.engines import ScriptedEngine
 
 def Scripted(tokenizer, answers):
     """An engine answering each task's attempt k with `answers[task][k]` (all episodes advance together)."""
+
     def answer(turn, text):
         return answers[next(name for name in answers if f"def {name}(" in text)][turn]
 

@@ -16,12 +16,29 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
+
 def start(model_dir, *extra, env=None):
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("TEMPERING_SERVE")} | (env or {})
-    proc = subprocess.Popen([sys.executable, "-m", "tempering.cli", "serve", str(model_dir), "--port", str(port),
-                             "--name", "tiny", "--threads", "1", *extra], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, env=env)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tempering.cli",
+            "serve",
+            str(model_dir),
+            "--port",
+            str(port),
+            "--name",
+            "tiny",
+            "--threads",
+            "1",
+            *extra,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while True:
@@ -34,6 +51,7 @@ def start(model_dir, *extra, env=None):
             proc.kill()
             raise RuntimeError(f"server did not start: {proc.stderr.read().decode()[-2000:]}")
         time.sleep(0.2)
+
 
 def stop(proc):
     proc.terminate()

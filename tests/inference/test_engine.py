@@ -51,11 +51,18 @@ def test_sampler_logprobs_match_the_training_forward_pass(tiny, tasks, temperatu
     distinct = prompts_of(tokenizer, tasks[0], 3)
     grouped = [p for p in distinct for _ in range(4)]  # a group's prompt is computed once and copied
     gen = engine_of(tiny, temperature=temperature, top_p=top_p, max_new_tokens=10).generate(
-        grouped, generator=torch.Generator().manual_seed(1))
+        grouped, generator=torch.Generator().manual_seed(1)
+    )
     assert len({tuple(r) for r in gen.response_ids.tolist()}) > 3  # samples of a group differ
     with torch.no_grad():
-        recomputed, _ = response_logprobs(model, gen.prompt_ids, gen.prompt_mask, gen.response_ids,
-                                          gen.response_mask, temperature=temperature)
+        recomputed, _ = response_logprobs(
+            model,
+            gen.prompt_ids,
+            gen.prompt_mask,
+            gen.response_ids,
+            gen.response_mask,
+            temperature=temperature,
+        )
     torch.testing.assert_close(recomputed * gen.response_mask, gen.logprobs, atol=2e-5, rtol=1e-5)
 
 
@@ -90,10 +97,15 @@ def test_greedy_matches_transformers_generate(tiny, tasks):
     model, tokenizer = tiny
     prompt = prompts_of(tokenizer, tasks[0], 1)
     ours = engine_of(tiny, max_new_tokens=8).generate(prompt, greedy=True)
-    ref = model.generate(torch.tensor(prompt), max_new_tokens=8, do_sample=False,
-                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    ref = model.generate(
+        torch.tensor(prompt),
+        max_new_tokens=8,
+        do_sample=False,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     n = int(ours.response_mask[0].sum())
-    assert ours.response_ids[0, :n].tolist() == ref[0, len(prompt[0]):][:n].tolist()
+    assert ours.response_ids[0, :n].tolist() == ref[0, len(prompt[0]) :][:n].tolist()
 
 
 def test_top_p_keeps_only_the_nucleus_and_greedy_rows_take_the_most_likely():
@@ -144,8 +156,10 @@ def test_a_next_turn_that_extends_a_kept_sequence_computes_only_its_new_tokens(t
     prompts = prompts_of(tiny[1], tasks[0], 2)
     first = engine.generate(prompts, generator=torch.Generator().manual_seed(0), keep=True)
     computed = engine.scheduler.prefilled
-    follow = [p + first.response_ids[i, : int(first.response_mask[i].sum())].tolist() + [5, 6, 7]
-              for i, p in enumerate(prompts)]
+    follow = [
+        p + first.response_ids[i, : int(first.response_mask[i].sum())].tolist() + [5, 6, 7]
+        for i, p in enumerate(prompts)
+    ]
     second = engine.generate(follow, generator=torch.Generator().manual_seed(1))
     assert second.reused == [len(p) + int(first.response_mask[i].sum()) - 1 for i, p in enumerate(prompts)]
     assert engine.scheduler.prefilled - computed == 2 * (1 + 3)  # the last action token and the observation
@@ -159,14 +173,22 @@ def test_a_next_turn_that_extends_a_kept_sequence_computes_only_its_new_tokens(t
 def test_single_turn_code_episodes_group_and_execute(tiny, tasks, sandbox):
     model, tokenizer = tiny
     engine = LocalEngine(model, tokenizer, SamplingParams(max_new_tokens=8), version=3)
-    episodes = run_episodes(engine, tasks[0][:3], EnvContext(sandbox), group_size=4, max_context=1024,
-                            generator=torch.Generator().manual_seed(0))
+    episodes = run_episodes(
+        engine,
+        tasks[0][:3],
+        EnvContext(sandbox),
+        group_size=4,
+        max_context=1024,
+        generator=torch.Generator().manual_seed(0),
+    )
     assert [e.group_id for e in episodes] == [0] * 4 + [1] * 4 + [2] * 4
     assert all(len(e.turns) == 1 and len(e.turns[0].attempt.exec_result.tests) == 8 for e in episodes)
     assert episodes[4].task is tasks[0][1] and {e.version for e in episodes} == {3}
     # The same draws as sampling the prompts directly: one rollout path, no re-tokenization.
-    gen = engine.generate([encode_prompt(tokenizer, t.prompt) for t in tasks[0][:3] for _ in range(4)],
-                          generator=torch.Generator().manual_seed(0))
+    gen = engine.generate(
+        [encode_prompt(tokenizer, t.prompt) for t in tasks[0][:3] for _ in range(4)],
+        generator=torch.Generator().manual_seed(0),
+    )
     assert [e.turns[0].action for e in episodes] == gen.texts
     assert gen.finish_reasons == ["length" if t else "stop" for t in gen.truncated.tolist()]
 
@@ -175,7 +197,8 @@ def test_decoded_completion_round_trips_through_the_tokenizer(tiny, tasks):
     model, tokenizer = tiny
     gen = engine_of(tiny, max_new_tokens=10).generate(
         [encode_prompt(tokenizer, t.prompt) for t in tasks[0][:2] for _ in range(2)],
-        generator=torch.Generator().manual_seed(0))
+        generator=torch.Generator().manual_seed(0),
+    )
     for i, (text, truncated) in enumerate(zip(gen.texts, gen.truncated.tolist())):
         n = int(gen.response_mask[i].sum()) - (0 if truncated else 1)
         assert tokenizer.decode(gen.response_ids[i, :n].tolist()) == text
@@ -184,8 +207,9 @@ def test_decoded_completion_round_trips_through_the_tokenizer(tiny, tasks):
 def test_engine_logprobs_use_its_temperature_and_weights_sync_by_version(tiny, tasks):
     model, tokenizer = tiny
     engine = LocalEngine(model, tokenizer, SamplingParams(temperature=0.7, max_new_tokens=6))
-    gen = engine.generate([encode_prompt(tokenizer, t.prompt) for t in tasks[0][:3]],
-                          generator=torch.Generator().manual_seed(1))
+    gen = engine.generate(
+        [encode_prompt(tokenizer, t.prompt) for t in tasks[0][:3]], generator=torch.Generator().manual_seed(1)
+    )
     logprobs = engine.logprobs(gen.prompt_ids, gen.prompt_mask, gen.response_ids, gen.response_mask)
     torch.testing.assert_close(logprobs * gen.response_mask, gen.logprobs, atol=2e-5, rtol=0)
     # Another process's weights are copied in; the engine's own storage is not copied again.
@@ -193,7 +217,9 @@ def test_engine_logprobs_use_its_temperature_and_weights_sync_by_version(tiny, t
     engine.load_weights(model.state_dict(), version=1)
     assert engine.version == 1
     engine.load_weights(other, version=2)
-    assert engine.version == 2 and torch.equal(next(iter(model.state_dict().values())), next(iter(other.values())))
+    assert engine.version == 2 and torch.equal(
+        next(iter(model.state_dict().values())), next(iter(other.values()))
+    )
 
 
 def test_a_bf16_engine_samples_from_a_bf16_copy_close_to_the_fp32_policy(tiny, tasks):
@@ -206,7 +232,9 @@ def test_a_bf16_engine_samples_from_a_bf16_copy_close_to_the_fp32_policy(tiny, t
     assert next(engine._copy.parameters()).dtype == torch.bfloat16
     assert all(p.dtype == torch.float32 for p in model.parameters())
     with torch.no_grad():
-        fp32, _ = response_logprobs(model, gen.prompt_ids, gen.prompt_mask, gen.response_ids, gen.response_mask)
+        fp32, _ = response_logprobs(
+            model, gen.prompt_ids, gen.prompt_mask, gen.response_ids, gen.response_mask
+        )
     diff = ((fp32 - gen.logprobs) * gen.response_mask).abs()
     assert 0 < float(diff.max()) < 0.1  # bf16 rounding: not the same numbers, close ones
     engine.release()
@@ -271,12 +299,29 @@ def test_eval_serve_repair_and_the_pipeline_open_models_one_way(tiny_model_dir, 
     monkeypatch.setattr(engines, "open_model", spy)
     monkeypatch.setattr(tempering.pipeline, "open_model", spy)
     save_tasks(tasks[1][:1], tmp_path / "tasks.jsonl")
-    assert cli(["eval", str(tiny_model_dir), "--tasks", str(tmp_path / "tasks.jsonl"), "--samples", "1",
-                "--max-new-tokens", "4", "--threads", "1"]) == 0
+    assert (
+        cli(
+            [
+                "eval",
+                str(tiny_model_dir),
+                "--tasks",
+                str(tmp_path / "tasks.jsonl"),
+                "--samples",
+                "1",
+                "--max-new-tokens",
+                "4",
+                "--threads",
+                "1",
+            ]
+        )
+        == 0
+    )
     served = load_local(tiny_model_dir, max_rows=3)
     engine = tempering.pipeline.config_engine(build_config(), tiny_model_dir, SamplingParams(0.5, 1.0, 7))
     flags = ("--device", "--compute")
-    assert opened == [(str(tiny_model_dir), SamplingParams(1.0, 1.0, 4), flags, None),
-                      (str(tiny_model_dir), SamplingParams(), flags, 3),
-                      (str(tiny_model_dir), SamplingParams(0.5, 1.0, 7), None, None)]
+    assert opened == [
+        (str(tiny_model_dir), SamplingParams(1.0, 1.0, 4), flags, None),
+        (str(tiny_model_dir), SamplingParams(), flags, 3),
+        (str(tiny_model_dir), SamplingParams(0.5, 1.0, 7), None, None),
+    ]
     assert served.engine.scheduler.max_rows == 3 and engine.sampling.max_new_tokens == 7

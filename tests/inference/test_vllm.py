@@ -27,6 +27,7 @@ def smollm2():
 def engines(smollm2):
     path, model, tokenizer = smollm2
     sampling = SamplingParams(1.0, 1.0, 24)
+
     def seeded():
         random.seed(7)
         torch.manual_seed(7)

@@ -17,10 +17,23 @@ from tempering.pipeline import train
 from tempering.training.sft import sft_completion
 from tests.helpers.architectures import FAMILIES, build
 
-QUICK = ["sft.steps=4", "sft.batch_size=4", "train.steps=2", "data.num_train=40", "data.num_heldout=4",
-         "eval.samples=1", "eval.every=0", "eval.val_tasks=4", "rollout.prompts_per_step=2",
-         "rollout.group_size=2", "rollout.max_new_tokens=12", "checkpoint.every=2", "tracking.tensorboard=false",
-         "tracking.samples_every=0", "env.max_context=384"]
+QUICK = [
+    "sft.steps=4",
+    "sft.batch_size=4",
+    "train.steps=2",
+    "data.num_train=40",
+    "data.num_heldout=4",
+    "eval.samples=1",
+    "eval.every=0",
+    "eval.val_tasks=4",
+    "rollout.prompts_per_step=2",
+    "rollout.group_size=2",
+    "rollout.max_new_tokens=12",
+    "checkpoint.every=2",
+    "tracking.tensorboard=false",
+    "tracking.samples_every=0",
+    "env.max_context=384",
+]
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +56,7 @@ def test_stop_tokens_come_from_the_template_and_the_generation_config(tmp_path, 
 
 def prefers(model, token):
     """`model`, its logits favouring one token by a wide margin (a hook on its output head)."""
+
     def favour(module, inputs, logits):
         logits[..., token] += 100.0
         return logits
@@ -89,8 +103,9 @@ def test_the_engines_fast_forward_gives_the_models_own_floats(tmp_path, corpus, 
             assert (engine.scheduler.fast is not None) == (fast and family)
             fused = dtype == torch.bfloat16 and name in ("llama", "mistral", "qwen2")
             assert fused == any(hasattr(m, "qkv_proj") for m in engine.scheduler.model.modules())
-            assert (dtype == torch.bfloat16 and family) == any(hasattr(m, "gate_up_proj")
-                                                               for m in engine.scheduler.model.modules())
+            assert (dtype == torch.bfloat16 and family) == any(
+                hasattr(m, "gate_up_proj") for m in engine.scheduler.model.modules()
+            )
             turn = [p + ids.tolist() + prompts[1][:4] for p, ids in zip(contexts, first.response_ids)]
             second = engine.generate(turn, generator=torch.Generator().manual_seed(2))
             assert all(second.reused)  # the next turn went through the kept caches

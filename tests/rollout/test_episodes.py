@@ -25,8 +25,6 @@ def episode_rewards(episodes, step_fn=None):
     return RewardFunction(step_fn=step_fn).score(episodes)
 
 
-
-
 def tool_tasks(domain):
     train, _ = generate_tool_tasks(60, 0, seed=3)
     return [t for t in train if t.domain == domain]
@@ -36,8 +34,9 @@ def test_observation_tokens_get_exactly_zero_gradient(tiny, tasks, sandbox):
     model, tokenizer = tiny
     ctx = EnvContext(sandbox, max_turns=3)
     engine = LocalEngine(model, tokenizer, SamplingParams(max_new_tokens=12))
-    episodes = run_episodes(engine, tasks[0][:3], ctx, group_size=2, max_context=190,
-                            generator=torch.Generator().manual_seed(0))
+    episodes = run_episodes(
+        engine, tasks[0][:3], ctx, group_size=2, max_context=190, generator=torch.Generator().manual_seed(0)
+    )
     batch = collate(episodes, episode_rewards(episodes), tokenizer)
     observation = (batch.response_attention == 1) & (batch.response_mask == 0)
     assert observation.any() and batch.response_mask.any()
@@ -49,11 +48,14 @@ def test_observation_tokens_get_exactly_zero_gradient(tiny, tasks, sandbox):
         adv = torch.linspace(-1, 1, batch.response_mask.numel()).view_as(batch.response_mask)
         adv = torch.where(observation, junk, adv)
         old = torch.where(observation, junk, batch.old_logprobs)
-        logprobs, entropy = response_logprobs(model, batch.prompt_ids, batch.prompt_mask, batch.response_ids,
-                                              batch.attention, with_entropy=True)
+        logprobs, entropy = response_logprobs(
+            model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.attention, with_entropy=True
+        )
         logprobs.retain_grad()
         mask = batch.response_mask
-        pg, _ = POLICY_LOSSES["ppo_clip"](LossInputs(logprobs, old, adv, mask), loss_agg=loss_agg, norm_length=12)
+        pg, _ = POLICY_LOSSES["ppo_clip"](
+            LossInputs(logprobs, old, adv, mask), loss_agg=loss_agg, norm_length=12
+        )
         kl = masked_mean((logprobs - torch.where(observation, junk, old)) ** 2, mask)
         (pg - 0.01 * masked_mean(entropy, mask) + 0.1 * kl).backward()
         return logprobs.grad, [p.grad.clone() for p in model.parameters() if p.grad is not None]
@@ -70,10 +72,16 @@ def test_a_malformed_tool_call_becomes_an_observation_and_the_episode_goes_on(ti
     model, tokenizer = tiny
     task = tool_tasks("tool_calc")[0]
     expression = task.metadata["reference"][0]
-    script = ["<tool_call>{not json</tool_call>", format_call("calculator", expr="1"), expression,
-              format_answer(task.answer)]
+    script = [
+        "<tool_call>{not json</tool_call>",
+        format_call("calculator", expr="1"),
+        expression,
+        format_answer(task.answer),
+    ]
     engine = ScriptedEngine(tokenizer, lambda turn, _: script[turn])
-    episodes = run_episodes(engine, [task], EnvContext(max_turns=4), group_size=1, max_context=10_000, chat="plain")
+    episodes = run_episodes(
+        engine, [task], EnvContext(max_turns=4), group_size=1, max_context=10_000, chat="plain"
+    )
     turns = episodes[0].turns
     assert [t.rewards["tool_error"] for t in turns] == [1.0, 1.0, 0.0, 0.0]
     assert turns[0].observation.startswith("<tool_response>error:") and "JSON" in turns[0].observation
@@ -108,7 +116,9 @@ def test_the_context_budget_ends_an_episode_as_truncated(tiny):
     task = tool_tasks("tool_calc")[0]
     engine = ScriptedEngine(tokenizer, lambda turn, _: task.metadata["reference"][0], max_new_tokens=64)
     budget = 80
-    [episode] = run_episodes(engine, [task], EnvContext(max_turns=20), group_size=1, max_context=budget, chat="plain")
+    [episode] = run_episodes(
+        engine, [task], EnvContext(max_turns=20), group_size=1, max_context=budget, chat="plain"
+    )
     assert episode.truncated and len(episode.turns) < 20
     assert len(episode.prompt_ids) + len(episode.ids) <= budget
 
@@ -118,11 +128,14 @@ def test_the_chat_template_format_renders_exactly_the_template(tiny):
     tokenizer.chat_template = (
         "{% if tools %}<bos>system: tools {% for t in tools %}{{ t['function']['name'] }} {% endfor %}<eos>\n"
         "{% endif %}{% for m in messages %}<bos>{{ m['role'] }}: {{ m['content'] }}<eos>\n{% endfor %}"
-        "{% if add_generation_prompt %}<bos>assistant: {% endif %}")
+        "{% if add_generation_prompt %}<bos>assistant: {% endif %}"
+    )
     task = tool_tasks("tool_db_get")[0]
     script = [task.metadata["reference"][0], format_answer(task.answer)]
     engine = ScriptedEngine(tokenizer, lambda turn, _: script[turn])
-    [episode] = run_episodes(engine, [task], EnvContext(max_turns=3), group_size=1, max_context=10_000, chat="auto")
+    [episode] = run_episodes(
+        engine, [task], EnvContext(max_turns=3), group_size=1, max_context=10_000, chat="auto"
+    )
     env = make_env(task, EnvContext())
     messages = [{"role": "user", "content": env.reset(task)}]
     for turn in episode.turns:
@@ -155,9 +168,12 @@ def test_the_step_reward_hook_scores_each_turn(tiny):
     task = tool_tasks("tool_db_get")[0]
     script = [task.metadata["reference"][0], format_answer(task.answer)]
     engine = ScriptedEngine(tokenizer, lambda turn, _: script[turn])
-    episodes = run_episodes(engine, [task], EnvContext(max_turns=3), group_size=1, max_context=10_000, chat="plain")
-    [reward] = episode_rewards(episodes, step_fn=lambda task, steps: [0.5 if "<tool_call>" in s else 0.0
-                                                                        for s in steps])
+    episodes = run_episodes(
+        engine, [task], EnvContext(max_turns=3), group_size=1, max_context=10_000, chat="plain"
+    )
+    [reward] = episode_rewards(
+        episodes, step_fn=lambda task, steps: [0.5 if "<tool_call>" in s else 0.0 for s in steps]
+    )
     assert reward.info["turn_rewards"] == [0.5, 0.0] and reward.components["step"] == 0.5
     assert reward.score == 1.5
     batch = collate(episodes, [reward], tokenizer)
@@ -166,12 +182,16 @@ def test_the_step_reward_hook_scores_each_turn(tiny):
 
 def test_a_template_whose_turns_do_not_end_with_eos_keeps_its_own_end_of_turn(tiny):
     model, tokenizer = tiny
-    tokenizer.chat_template = ("{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }} END\n{% endfor %}"
-                               "{% if add_generation_prompt %}[assistant] {% endif %}")
+    tokenizer.chat_template = (
+        "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }} END\n{% endfor %}"
+        "{% if add_generation_prompt %}[assistant] {% endif %}"
+    )
     task = tool_tasks("tool_db_get")[0].model_copy(update={"prompt": "say <eos> then work"})
     script = [task.metadata["reference"][0], format_answer(task.answer)]
     engine = ScriptedEngine(tokenizer, lambda turn, _: script[turn])
-    [episode] = run_episodes(engine, [task], EnvContext(max_turns=3), group_size=1, max_context=10_000, chat="template")
+    [episode] = run_episodes(
+        engine, [task], EnvContext(max_turns=3), group_size=1, max_context=10_000, chat="template"
+    )
     observation = tokenizer.decode([t for t, p in zip(episode.ids, episode.policy) if not p])
     assert observation.startswith(" END\n[user] <tool_response>") and script[0] not in observation
 
@@ -181,8 +201,9 @@ def test_episodes_are_plain_records_that_pickle_without_live_state(tiny, tasks, 
     checkpoint pickles) is `types.Episode`, whose attempts carry the episode's real group id."""
     model, tokenizer = tiny
     engine = ScriptedEngine(tokenizer, lambda turn, _: "    return 0\n")
-    episodes = run_episodes(engine, tasks[0][:2], EnvContext(sandbox, max_turns=2), group_size=2,
-                            max_context=10_000, chat="plain")
+    episodes = run_episodes(
+        engine, tasks[0][:2], EnvContext(sandbox, max_turns=2), group_size=2, max_context=10_000, chat="plain"
+    )
     assert all(type(e) is Episode for e in episodes) and [e.group_id for e in episodes] == [0, 0, 1, 1]
     assert all(t.attempt.group_id == e.group_id for e in episodes for t in e.turns)
     assert not [v for e in episodes for v in vars(e).values() if isinstance(v, (Environment, Conversation))]

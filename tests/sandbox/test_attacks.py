@@ -55,7 +55,9 @@ def assert_clean(sb, baseline: set[int]) -> None:
     while worker_tree(sb) - baseline and time.monotonic() < deadline:
         time.sleep(0.05)
     assert worker_tree(sb) - baseline == set(), "a process outlived its execution"
-    r = sb.run("import os\nprint(sorted(set(os.listdir('..')) - {os.path.basename(os.getcwd())}), os.listdir('.'))")
+    r = sb.run(
+        "import os\nprint(sorted(set(os.listdir('..')) - {os.path.basename(os.getcwd())}), os.listdir('.'))"
+    )
     assert r.status == "ok" and r.stdout.strip() == "[] []", r
 
 
@@ -65,8 +67,13 @@ def baseline(sb):
 
 
 def call_task(tests, entry="f"):
-    return Task(id="t", domain="d", prompt="", entry_point=entry,
-                tests=[TestCase(name=f"t{i}", input=list(a), output=o) for i, (a, o) in enumerate(tests)])
+    return Task(
+        id="t",
+        domain="d",
+        prompt="",
+        entry_point=entry,
+        tests=[TestCase(name=f"t{i}", input=list(a), output=o) for i, (a, o) in enumerate(tests)],
+    )
 
 
 def check_task(checks, entry="f"):
@@ -102,9 +109,11 @@ def test_fork_bomb(sb, baseline):
 
 
 def test_thread_bomb(sb, baseline):
-    code = ("import threading, time\nn = 0\n"
-            "try:\n    while True:\n        threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
-            "        n += 1\nexcept (RuntimeError, MemoryError):\n    print('stopped at', n)\n")
+    code = (
+        "import threading, time\nn = 0\n"
+        "try:\n    while True:\n        threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
+        "        n += 1\nexcept (RuntimeError, MemoryError):\n    print('stopped at', n)\n"
+    )
     r = sb.run(code, timeout_s=2.0)
     assert r.status in ("ok", "timeout", "memory_limit", "runtime_error")
     if r.status == "ok":
@@ -128,9 +137,11 @@ def test_a_gigabyte_of_stdout(sb, baseline):
 
 
 def test_filling_the_disk(sb, baseline):
-    code = ("import os\nn = 0\ntry:\n    for i in range(10_000):\n"
-            "        with open(f'f{i}', 'wb') as f:\n            f.write(b'x' * (8 << 20))\n        n += 1\n"
-            "except OSError as e:\n    print('stopped after', n, type(e).__name__)\n")
+    code = (
+        "import os\nn = 0\ntry:\n    for i in range(10_000):\n"
+        "        with open(f'f{i}', 'wb') as f:\n            f.write(b'x' * (8 << 20))\n        n += 1\n"
+        "except OSError as e:\n    print('stopped after', n, type(e).__name__)\n"
+    )
     if sb.backend == "process":
         # Only RLIMIT_FSIZE binds here: prove that one file cannot exceed it, without filling the host's disk.
         r = sb.run("open('big', 'wb').write(b'x' * (64 << 20))", memory_mb=512)
@@ -147,9 +158,13 @@ def test_filling_the_disk(sb, baseline):
 def test_flooding_the_scratch_with_empty_files(sb, baseline):
     """Empty files cost no bytes but a kernel inode each: the scratch tmpfs caps their number too."""
     if not sb.isolation.uid_split:
-        pytest.skip(f"needs the two-uid launcher: {sb.isolation.why_not_split} (`tempering sandbox doctor` says so)")
-    code = ("import os\nn = 0\ntry:\n    for i in range(50_000):\n        open(f'f{i}', 'w').close()\n        n += 1\n"
-            "except OSError as e:\n    print('stopped after', n, e.strerror)\nelse:\n    print('created', n)\n")
+        pytest.skip(
+            f"needs the two-uid launcher: {sb.isolation.why_not_split} (`tempering sandbox doctor` says so)"
+        )
+    code = (
+        "import os\nn = 0\ntry:\n    for i in range(50_000):\n        open(f'f{i}', 'w').close()\n        n += 1\n"
+        "except OSError as e:\n    print('stopped after', n, e.strerror)\nelse:\n    print('created', n)\n"
+    )
     r = sb.run(code, timeout_s=10.0)
     assert r.status == "ok" and r.stdout.startswith("stopped after"), r
     assert int(r.stdout.split()[2]) < sb.isolation.scratch_inodes and "No space left" in r.stdout
@@ -159,12 +174,20 @@ def test_flooding_the_scratch_with_empty_files(sb, baseline):
 def test_a_private_tmpfs_outside_the_caps(sb, baseline):
     """A program may not make a user namespace of its own, where it could mount an uncapped tmpfs."""
     if not sb.isolation.uid_split:
-        pytest.skip(f"needs the two-uid launcher: {sb.isolation.why_not_split} (`tempering sandbox doctor` says so)")
-    code = ("import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
-            "print(libc.unshare(0x10000000 | 0x00020000), os.strerror(ctypes.get_errno()))\n"
-            "print(libc.mount(b'tmpfs', b'.', b'tmpfs', 0, b'size=1g'), os.strerror(ctypes.get_errno()))\n")
+        pytest.skip(
+            f"needs the two-uid launcher: {sb.isolation.why_not_split} (`tempering sandbox doctor` says so)"
+        )
+    code = (
+        "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+        "print(libc.unshare(0x10000000 | 0x00020000), os.strerror(ctypes.get_errno()))\n"
+        "print(libc.mount(b'tmpfs', b'.', b'tmpfs', 0, b'size=1g'), os.strerror(ctypes.get_errno()))\n"
+    )
     r = sb.run(code)
-    assert r.status == "ok" and r.stdout.splitlines()[0].startswith("-1") and r.stdout.splitlines()[1].startswith("-1")
+    assert (
+        r.status == "ok"
+        and r.stdout.splitlines()[0].startswith("-1")
+        and r.stdout.splitlines()[1].startswith("-1")
+    )
     assert_clean(sb, baseline)
 
 
@@ -173,10 +196,12 @@ def test_a_private_tmpfs_outside_the_caps(sb, baseline):
 
 def test_writing_outside_the_working_directory(sb, baseline, tmp_path):
     target = tmp_path / "planted"
-    code = ("import os\nwrote = []\n"
-            f"for p in [{str(target)!r}, '/etc/planted', '/usr/planted', '/planted', '/dev/planted']:\n"
-            "    try:\n        open(p, 'w').write('x')\n        wrote.append(p)\n    except OSError:\n        pass\n"
-            "print(wrote)\n")
+    code = (
+        "import os\nwrote = []\n"
+        f"for p in [{str(target)!r}, '/etc/planted', '/usr/planted', '/planted', '/dev/planted']:\n"
+        "    try:\n        open(p, 'w').write('x')\n        wrote.append(p)\n    except OSError:\n        pass\n"
+        "print(wrote)\n"
+    )
     r = sb.run(code)
     assert r.status == "ok"
     assert not target.exists() and not os.path.exists("/etc/planted") and not os.path.exists("/usr/planted")
@@ -194,11 +219,13 @@ def test_reading_host_secrets(sb, baseline, tmp_path, monkeypatch):
     os.chmod(tmp_path, 0o700)
     monkeypatch.setenv("TEMPERING_SECRET", "hunter2-env")
     with LocalSandbox(workers=1, isolation=sb.backend) as fresh:  # started after the variable was set
-        code = ("import os, glob\nout = [repr(dict(os.environ))]\n"
-                f"for p in [{str(secret_dir / 'id_ed25519')!r}, '/proc/1/environ', '/proc/self/environ', "
-                "'/etc/shadow', os.path.expanduser('~/.ssh/id_rsa')] + glob.glob('/root/.ssh/*'):\n"
-                "    try:\n        out.append(open(p).read())\n    except OSError as e:\n        out.append(str(e))\n"
-                "print(out)\n")
+        code = (
+            "import os, glob\nout = [repr(dict(os.environ))]\n"
+            f"for p in [{str(secret_dir / 'id_ed25519')!r}, '/proc/1/environ', '/proc/self/environ', "
+            "'/etc/shadow', os.path.expanduser('~/.ssh/id_rsa')] + glob.glob('/root/.ssh/*'):\n"
+            "    try:\n        out.append(open(p).read())\n    except OSError as e:\n        out.append(str(e))\n"
+            "print(out)\n"
+        )
         r = fresh.run(code)
     assert r.status == "ok"
     assert "hunter2" not in r.stdout and "root:" not in r.stdout
@@ -224,9 +251,11 @@ def test_connecting_to_a_loopback_listener(sb, baseline):
     listener.listen()
     listener.settimeout(0.5)
     port = listener.getsockname()[1]
-    code = ("import socket\ntry:\n"
-            f"    socket.create_connection(('127.0.0.1', {port}), timeout=1).sendall(b'leak')\n    print('connected')\n"
-            "except OSError as e:\n    print('refused', e)\n")
+    code = (
+        "import socket\ntry:\n"
+        f"    socket.create_connection(('127.0.0.1', {port}), timeout=1).sendall(b'leak')\n    print('connected')\n"
+        "except OSError as e:\n    print('refused', e)\n"
+    )
     r = sb.run(code)
     with pytest.raises(TimeoutError):
         listener.accept()
@@ -236,10 +265,12 @@ def test_connecting_to_a_loopback_listener(sb, baseline):
 
 
 def test_a_daemon_does_not_outlive_the_run(sb, baseline):
-    code = ("import os, time\n"
-            "if os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
-            "        time.sleep(30)\n        os._exit(0)\n    os._exit(0)\n"
-            "time.sleep(0.1)\nprint('detached')\n")
+    code = (
+        "import os, time\n"
+        "if os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+        "        time.sleep(30)\n        os._exit(0)\n    os._exit(0)\n"
+        "time.sleep(0.1)\nprint('detached')\n"
+    )
     r = sb.run(code)
     assert r.status == "ok" and r.stdout == "detached\n"
     assert_clean(sb, baseline)
@@ -248,8 +279,9 @@ def test_a_daemon_does_not_outlive_the_run(sb, baseline):
 # ------------------------------------------------------------------------------ the test harness
 
 
-@pytest.mark.parametrize("code", ["import sys\nsys.exit(0)\n", "import os\nos._exit(0)\n",
-                                  "def f(x):\n    raise SystemExit(0)\n"])
+@pytest.mark.parametrize(
+    "code", ["import sys\nsys.exit(0)\n", "import os\nos._exit(0)\n", "def f(x):\n    raise SystemExit(0)\n"]
+)
 def test_exit_before_the_tests(sb, baseline, code):
     for task in (call_task([((2,), 4)]), check_task([CHECK])):
         r = sb.run_tests(task, code)
@@ -258,9 +290,11 @@ def test_exit_before_the_tests(sb, baseline, code):
 
 
 def test_patched_builtins_and_comparison(sb, baseline):
-    code = ("import builtins, operator\nbuiltins.repr = lambda v: '4'\nbuiltins.isinstance = lambda *a: True\n"
-            "operator.eq = lambda a, b: True\nbuiltins.AssertionError = KeyboardInterrupt\n"
-            "def f(x):\n    return 0\n")
+    code = (
+        "import builtins, operator\nbuiltins.repr = lambda v: '4'\nbuiltins.isinstance = lambda *a: True\n"
+        "operator.eq = lambda a, b: True\nbuiltins.AssertionError = KeyboardInterrupt\n"
+        "def f(x):\n    return 0\n"
+    )
     for task in (call_task([((2,), 4)]), check_task([CHECK])):
         r = sb.run_tests(task, code)
         assert not r.tests[0].passed
@@ -269,8 +303,10 @@ def test_patched_builtins_and_comparison(sb, baseline):
 
 
 def test_always_equal_objects(sb, baseline):
-    code = ("class Anything(int):\n    def __eq__(self, other): return True\n    __hash__ = int.__hash__\n"
-            "def f(x):\n    return Anything(0)\n")
+    code = (
+        "class Anything(int):\n    def __eq__(self, other): return True\n    __hash__ = int.__hash__\n"
+        "def f(x):\n    return Anything(0)\n"
+    )
     for task in (call_task([((2,), 4)]), check_task([CHECK])):
         r = sb.run_tests(task, code)
         assert not r.tests[0].passed and "non_builtin_output" in r.flags
@@ -278,9 +314,11 @@ def test_always_equal_objects(sb, baseline):
 
 
 def test_printed_fake_verdicts(sb, baseline):
-    code = ("import os\nprint('test_0 passed\\nALL TESTS PASSED\\n{\"i\": 0, \"ok\": true}')\n"
-            "os.write(3, b'{\"i\": 0, \"ok\": true, \"value\": \"4\"}\\n{\"event\": \"done\"}\\n')\n"
-            "def f(x):\n    return 0\n")
+    code = (
+        'import os\nprint(\'test_0 passed\\nALL TESTS PASSED\\n{"i": 0, "ok": true}\')\n'
+        'os.write(3, b\'{"i": 0, "ok": true, "value": "4"}\\n{"event": "done"}\\n\')\n'
+        "def f(x):\n    return 0\n"
+    )
     for task in (call_task([((2,), 4)]), check_task([CHECK])):
         r = sb.run_tests(task, code)
         assert not r.tests[0].passed and "result_channel_tampered" in r.flags, r
@@ -289,19 +327,23 @@ def test_printed_fake_verdicts(sb, baseline):
 
 def test_reading_or_rewriting_the_test_file(sb, baseline):
     # The check code is never a file, and never in the program's memory: search both.
-    code = ("import os, gc\nfound = []\n"
-            "for root in ['.', '..']:\n"
-            "    for dirpath, _, files in os.walk(root):\n"
-            "        for name in files:\n"
-            "            try:\n                data = open(os.path.join(dirpath, name), 'rb').read()\n"
-            "            except OSError:\n                continue\n"
-            "            if b'SENTINEL_EXPECTED' in data:\n                found.append(name)\n"
-            "if any('SENTINEL_EXPECTED' in o for o in gc.get_objects() if isinstance(o, str)):\n    found.append('gc')\n"
-            "for d in ['test.py', '../test.py', 'tests.py']:\n"
-            "    try:\n        open(d, 'w').write('def check(c): pass')\n    except OSError:\n        pass\n"
-            "print(found)\n"
-            "def f(x):\n    return 0\n")
-    checks = ["def check(candidate):\n    SENTINEL_EXPECTED = 4\n    assert candidate(2) == SENTINEL_EXPECTED\n"]
+    code = (
+        "import os, gc\nfound = []\n"
+        "for root in ['.', '..']:\n"
+        "    for dirpath, _, files in os.walk(root):\n"
+        "        for name in files:\n"
+        "            try:\n                data = open(os.path.join(dirpath, name), 'rb').read()\n"
+        "            except OSError:\n                continue\n"
+        "            if b'SENTINEL_EXPECTED' in data:\n                found.append(name)\n"
+        "if any('SENTINEL_EXPECTED' in o for o in gc.get_objects() if isinstance(o, str)):\n    found.append('gc')\n"
+        "for d in ['test.py', '../test.py', 'tests.py']:\n"
+        "    try:\n        open(d, 'w').write('def check(c): pass')\n    except OSError:\n        pass\n"
+        "print(found)\n"
+        "def f(x):\n    return 0\n"
+    )
+    checks = [
+        "def check(candidate):\n    SENTINEL_EXPECTED = 4\n    assert candidate(2) == SENTINEL_EXPECTED\n"
+    ]
     for _ in range(2):  # the second run is forked from a server that has handled the first's tests
         r = sb.run_tests(check_task(checks), code)
         assert r.stdout.strip() == "[]" and not r.tests[0].passed, r
@@ -309,7 +351,9 @@ def test_reading_or_rewriting_the_test_file(sb, baseline):
 
 
 def test_check_tests_pass_a_correct_program(sb, baseline):
-    r = sb.run_tests(check_task([CHECK, "def check(c):\n    assert c(0) == 1\n"]), "def f(x):\n    return x * x\n")
+    r = sb.run_tests(
+        check_task([CHECK, "def check(c):\n    assert c(0) == 1\n"]), "def f(x):\n    return x * x\n"
+    )
     assert [t.passed for t in r.tests] == [True, False] and r.status == "ok" and not r.flags, r
     assert "assertion failed" in r.tests[1].error
     assert_clean(sb, baseline)
@@ -320,28 +364,38 @@ def test_check_tests_pass_a_correct_program(sb, baseline):
 # Each program attacks its fork server (its parent, or PID 1 under bubblewrap) and everything else it can
 # name. It refuses to run as root, so that a broken uid switch can never turn it loose on the host.
 GUARD = "import os, signal, ctypes, resource\nassert os.getuid() != 0, 'UNSAFE: the program runs as root'\n"
-TARGETS = "me = os.getpid()\npids = {os.getppid(), 1} | {int(p) for p in os.listdir('/proc') if p.isdigit()}\n" \
-          "pids -= {me, 0}\n"
+TARGETS = (
+    "me = os.getpid()\npids = {os.getppid(), 1} | {int(p) for p in os.listdir('/proc') if p.isdigit()}\n"
+    "pids -= {me, 0}\n"
+)
 SABOTAGE = {
-    "prlimit": GUARD + TARGETS + (
+    "prlimit": GUARD
+    + TARGETS
+    + (
         "for pid in [os.getppid(), 1] + sorted(pids):\n"
         "    for r in (resource.RLIMIT_NOFILE, resource.RLIMIT_AS, resource.RLIMIT_CPU, resource.RLIMIT_NPROC,\n"
         "              resource.RLIMIT_FSIZE, resource.RLIMIT_STACK, resource.RLIMIT_DATA):\n"
         "        try:\n            resource.prlimit(pid, r, (1, 1))\n        except OSError:\n            pass\n"
-        "print('done')\n"),
-    "signals": GUARD + TARGETS + (
+        "print('done')\n"
+    ),
+    "signals": GUARD
+    + TARGETS
+    + (
         "for sig in (signal.SIGSTOP, signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGKILL):\n"
         "    for pid in [os.getppid(), 1] + sorted(pids):\n"
         "        try:\n            os.kill(pid, sig)\n        except OSError:\n            pass\n"
-        "print('done')\n"),
-    "ptrace": GUARD + (
+        "print('done')\n"
+    ),
+    "ptrace": GUARD
+    + (
         "libc = ctypes.CDLL(None, use_errno=True)\n"
         "for pid in (os.getppid(), 1):\n"
         "    for request in (16, 0x4206):  # PTRACE_ATTACH, PTRACE_SEIZE\n"
         "        libc.ptrace(request, pid, 0, 0)\n"
         "    for path in (f'/proc/{pid}/mem', f'/proc/{pid}/environ'):\n"
         "        try:\n            open(path, 'r+b').write(b'x')\n        except OSError:\n            pass\n"
-        "print('done')\n"),
+        "print('done')\n"
+    ),
 }
 
 
@@ -383,7 +437,9 @@ def test_a_program_that_breaks_its_worker_never_answers_for_another_request(monk
     for backend in BACKENDS:
         with LocalSandbox(SandboxLimits(timeout_s=2.0, cpu_s=2.0), workers=2, isolation=backend) as pool:
             attacks = [SABOTAGE["signals"], SABOTAGE["prlimit"]]
-            reqs = [pool.request(attacks[i % 2] if i % 3 == 0 else f"print('request {i}')") for i in range(24)]
+            reqs = [
+                pool.request(attacks[i % 2] if i % 3 == 0 else f"print('request {i}')") for i in range(24)
+            ]
             results = pool.run_batch(reqs)
             tagged = [(i, r.status, r.stdout) for i, r in enumerate(results) if i % 3]
             assert tagged == [(i, "ok", f"request {i}\n") for i in range(24) if i % 3], tagged

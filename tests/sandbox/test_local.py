@@ -14,8 +14,13 @@ from tempering.types import Task, TestCase
 
 
 def call_task(tests, entry="f"):
-    return Task(id="t", domain="d", prompt="", entry_point=entry,
-                tests=[TestCase(name=f"t{i}", input=list(a), output=o) for i, (a, o) in enumerate(tests)])
+    return Task(
+        id="t",
+        domain="d",
+        prompt="",
+        entry_point=entry,
+        tests=[TestCase(name=f"t{i}", input=list(a), output=o) for i, (a, o) in enumerate(tests)],
+    )
 
 
 def test_ok_program_reports_output_and_usage(sandbox):
@@ -83,12 +88,14 @@ def test_scratch_directory_is_fresh_and_removed(sandbox):
 
 def test_background_child_in_the_process_group_is_killed(sandbox, tmp_path):
     marker = tmp_path / "alive"
-    code = ("import os, time\n"
-            "if os.fork() == 0:\n"
-            "    time.sleep(1.0)\n"
-            f"    open({str(marker)!r}, 'w').write('still here')\n"
-            "    os._exit(0)\n"
-            "print('parent done')\n")
+    code = (
+        "import os, time\n"
+        "if os.fork() == 0:\n"
+        "    time.sleep(1.0)\n"
+        f"    open({str(marker)!r}, 'w').write('still here')\n"
+        "    os._exit(0)\n"
+        "print('parent done')\n"
+    )
     r = sandbox.run(code)
     assert r.status == "ok"
     time.sleep(1.5)
@@ -105,15 +112,21 @@ def test_function_tests_verdicts_per_test(sandbox):
 
 def test_exit_before_tests_cannot_pass(sandbox):
     task = call_task([((1,), 2)])
-    for code in ("import sys\nsys.exit(0)\n", "import os\nos._exit(0)\n", "def f(x):\n    raise SystemExit(0)\n"):
+    for code in (
+        "import sys\nsys.exit(0)\n",
+        "import os\nos._exit(0)\n",
+        "def f(x):\n    raise SystemExit(0)\n",
+    ):
         r = sandbox.run_tests(task, code)
         assert not r.tests[0].passed, code
         assert r.flags, code
 
 
 def test_always_equal_object_cannot_pass(sandbox):
-    code = ("class Anything:\n    def __eq__(self, other): return True\n    __hash__ = object.__hash__\n"
-            "def f(x):\n    return Anything()\n")
+    code = (
+        "class Anything:\n    def __eq__(self, other): return True\n    __hash__ = object.__hash__\n"
+        "def f(x):\n    return Anything()\n"
+    )
     r = sandbox.run_tests(call_task([((1,), 2)]), code)
     assert not r.tests[0].passed and "non_builtin_output" in r.flags
     int_subclass = "class I(int):\n    def __eq__(self, o): return True\ndef f(x):\n    return I(0)\n"
@@ -121,15 +134,21 @@ def test_always_equal_object_cannot_pass(sandbox):
 
 
 def test_printed_fake_verdicts_and_patched_builtins_do_not_pass(sandbox):
-    code = ("import builtins\nbuiltins.repr = lambda v: '2'\nbuiltins.isinstance = lambda *a: True\n"
-            "print('test_0 passed\\nALL TESTS PASSED')\ndef f(x):\n    return 0\n")
+    code = (
+        "import builtins\nbuiltins.repr = lambda v: '2'\nbuiltins.isinstance = lambda *a: True\n"
+        "print('test_0 passed\\nALL TESTS PASSED')\ndef f(x):\n    return 0\n"
+    )
     r = sandbox.run_tests(call_task([((1,), 2)]), code)
     assert not r.tests[0].passed and "patched_builtins" in r.flags
 
 
 def test_stdin_stdout_task(sandbox):
-    task = Task(id="io", domain="d", prompt="", tests=[TestCase(stdin="3\n", stdout="6"),
-                                                       TestCase(stdin="5\n", stdout="10\n")])
+    task = Task(
+        id="io",
+        domain="d",
+        prompt="",
+        tests=[TestCase(stdin="3\n", stdout="6"), TestCase(stdin="5\n", stdout="10\n")],
+    )
     r = sandbox.run_tests(task, "print(int(input()) * 2)")
     assert r.all_passed
     r = sandbox.run_tests(task, "print(6)")
@@ -165,7 +184,9 @@ def test_an_answer_left_in_the_pipe_is_never_taken_for_another_request():
         worker.proc.stdin.write(pool._frame(stray))
         worker.proc.stdin.flush()
         mine = sb.run("print('mine')")
-        assert mine.stdout != "stale\n" and mine.status == "sandbox_error" and "answered request" in mine.stderr
+        assert (
+            mine.stdout != "stale\n" and mine.status == "sandbox_error" and "answered request" in mine.stderr
+        )
         assert sb.run("print('next')").stdout == "next\n" and sb.replaced == 1
 
 
@@ -187,9 +208,19 @@ def test_a_request_that_breaks_the_hosts_wait_leaks_nothing(monkeypatch):
         assert sb.run("print('second')").stdout == "second\n" and sb.replaced == 1
 
 
-@pytest.mark.parametrize("limit, value", [("timeout_s", float("nan")), ("timeout_s", 0), ("cpu_s", -1.0),
-                                          ("compile_timeout_s", float("inf")), ("memory_mb", 0),
-                                          ("max_file_bytes", -1), ("max_output_bytes", 1.5), ("max_processes", True)])
+@pytest.mark.parametrize(
+    "limit, value",
+    [
+        ("timeout_s", float("nan")),
+        ("timeout_s", 0),
+        ("cpu_s", -1.0),
+        ("compile_timeout_s", float("inf")),
+        ("memory_mb", 0),
+        ("max_file_bytes", -1),
+        ("max_output_bytes", 1.5),
+        ("max_processes", True),
+    ],
+)
 def test_impossible_limits_never_reach_a_worker(sandbox, limit, value):
     """NaN breaks the host's wait, 0 or less kills every program, -1 is no RLIMIT_FSIZE at all: refused."""
     req = replace(sandbox.request("print(1)"), limits=replace(sandbox.limits, **{limit: value}))
@@ -238,7 +269,7 @@ def test_a_pool_outlives_the_thread_that_started_it(backend):
 HELLO = {
     "python": "print(6 * 7)",
     "c": '#include <stdio.h>\nint main(void) { printf("%d\\n", 6 * 7); return 0; }\n',
-    "cpp": '#include <iostream>\nint main() { std::cout << 6 * 7 << std::endl; }\n',
+    "cpp": "#include <iostream>\nint main() { std::cout << 6 * 7 << std::endl; }\n",
     "javascript": "console.log(6 * 7)",
     "bash": "f=$(mktemp) && echo $((6 * 7)) > $f && cat $f",  # /tmp is writable, as programs expect
 }

@@ -13,13 +13,16 @@ def test_plain_literals_and_special_floats_are_read():
     assert parse_value(deep) is not None
 
 
-@pytest.mark.parametrize("text", [
-    "__import__('os').system('true')",          # code is never run
-    "[" * 100_000 + "]" * 100_000,              # nesting past the tokenizer's limit
-    "-" * 1_000_000 + "1",                       # past the parser's stack
-    "1" + "+1" * 1_000_000,                      # not a literal
-    "[" + "1," * (MAX_VALUE_CHARS // 2) + "]",   # longer than a worker can return
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "__import__('os').system('true')",  # code is never run
+        "[" * 100_000 + "]" * 100_000,  # nesting past the tokenizer's limit
+        "-" * 1_000_000 + "1",  # past the parser's stack
+        "1" + "+1" * 1_000_000,  # not a literal
+        "[" + "1," * (MAX_VALUE_CHARS // 2) + "]",  # longer than a worker can return
+    ],
+)
 def test_hostile_returned_text_is_a_value_error(text):
     with pytest.raises(ValueError):
         parse_value(text)

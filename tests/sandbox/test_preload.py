@@ -32,8 +32,13 @@ def lib_dir():
 
 @pytest.fixture(scope="module", params=BACKENDS)
 def sb(request, lib_dir):
-    with LocalSandbox(SandboxLimits(timeout_s=5.0, cpu_s=5.0), workers=1, isolation=request.param,
-                      python_path=(str(lib_dir),), preload=("preloaded_fixture",)) as sandbox:
+    with LocalSandbox(
+        SandboxLimits(timeout_s=5.0, cpu_s=5.0),
+        workers=1,
+        isolation=request.param,
+        python_path=(str(lib_dir),),
+        preload=("preloaded_fixture",),
+    ) as sandbox:
         yield sandbox
 
 
@@ -52,11 +57,13 @@ def test_a_preloaded_module_is_imported_once_by_the_server_not_by_each_execution
 
 
 def test_the_import_path_is_read_only_inside(sb, lib_dir):
-    code = ("import os, preloaded_fixture\n"
-            "def f(path):\n    inside = os.path.dirname(preloaded_fixture.__file__)\n    out = []\n"
-            "    for where in (path, inside):\n        try:\n            open(where + '/planted.py', 'w').write('x')\n"
-            "            out.append('written')\n        except OSError as e:\n            out.append(type(e).__name__)\n"
-            "    return out\n")
+    code = (
+        "import os, preloaded_fixture\n"
+        "def f(path):\n    inside = os.path.dirname(preloaded_fixture.__file__)\n    out = []\n"
+        "    for where in (path, inside):\n        try:\n            open(where + '/planted.py', 'w').write('x')\n"
+        "            out.append('written')\n        except OSError as e:\n            out.append(type(e).__name__)\n"
+        "    return out\n"
+    )
     assert "written" not in call(sb, code, str(lib_dir))["value"]
     assert sorted(os.listdir(lib_dir)) == ["broken_fixture.py", "preloaded_fixture.py"]
 
@@ -85,7 +92,9 @@ def test_without_the_options_the_module_is_not_importable(lib_dir):
 
 def test_a_module_that_fails_to_preload_is_named(lib_dir):
     with pytest.raises(SandboxError, match="cannot preload module 'broken_fixture'.*this module is broken"):
-        LocalSandbox(workers=1, isolation=BACKENDS[0], python_path=(str(lib_dir),), preload=("broken_fixture",))
+        LocalSandbox(
+            workers=1, isolation=BACKENDS[0], python_path=(str(lib_dir),), preload=("broken_fixture",)
+        )
 
 
 def test_an_import_path_must_be_an_absolute_directory(lib_dir):

@@ -28,8 +28,23 @@ def free_port() -> int:
 def start_server(*extra: str, token: str | None = None) -> tuple[subprocess.Popen, str]:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV} | ({TOKEN_ENV: token} if token else {})
-    proc = subprocess.Popen([sys.executable, "-m", "tempering.cli", "sandbox", "serve", "--port", str(port),
-                             "--workers", "2", *extra], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tempering.cli",
+            "sandbox",
+            "serve",
+            "--port",
+            str(port),
+            "--workers",
+            "2",
+            *extra,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
     url = f"http://127.0.0.1:{port}"
     client = RemoteSandbox(url, retries=0, token=token)
     deadline = time.monotonic() + 30
@@ -61,8 +76,13 @@ def test_remote_runs_programs_and_grades_tests_locally(server):
         r = sb.run("print(input() * 2)", stdin="ab\n")
         assert (r.status, r.stdout) == ("ok", "abab\n")
         assert sb.run("int main( {", language="c").status == "compile_error"
-        task = Task(id="t", domain="d", prompt="", entry_point="f",
-                    tests=[TestCase(input=[1], output=2), TestCase(input=[2], output=5)])
+        task = Task(
+            id="t",
+            domain="d",
+            prompt="",
+            entry_point="f",
+            tests=[TestCase(input=[1], output=2), TestCase(input=[2], output=5)],
+        )
         r = sb.run_tests(task, "def f(x):\n    return 2 * x\n")
         assert [t.passed for t in r.tests] == [True, False]
         results = sb.run_batch([sb.request(f"print({i})") for i in range(20)])
@@ -79,7 +99,9 @@ def test_expected_outputs_never_reach_the_service(server, monkeypatch):
             return original(method, path, **kw)
 
         monkeypatch.setattr(sb._http.client, "request", spy)
-        task = Task(id="t", domain="d", prompt="", entry_point="f", tests=[TestCase(input=[1], output=987654321)])
+        task = Task(
+            id="t", domain="d", prompt="", entry_point="f", tests=[TestCase(input=[1], output=987654321)]
+        )
         sb.run_tests(task, "def f(x):\n    return x\n")
     assert "987654321" not in repr(sent)
 
@@ -117,13 +139,26 @@ def test_the_trainer_uses_a_remote_sandbox_by_config(server, tmp_path):
 def execute_raw(url: str, code: str, limits: dict) -> httpx.Response:
     """POST /execute with `limits` written as given: json.dumps spells NaN and Infinity as Python's json reads them."""
     body = json.dumps({"requests": [{"code": code, "language": "python", "limits": limits}]})
-    return httpx.post(f"{url}/execute", content=body, headers={"Content-Type": "application/json"}, timeout=60)
+    return httpx.post(
+        f"{url}/execute", content=body, headers={"Content-Type": "application/json"}, timeout=60
+    )
 
 
-BAD_LIMITS = [("timeout_s", float("nan")), ("timeout_s", 0), ("timeout_s", -1), ("cpu_s", float("inf")),
-              ("compile_timeout_s", -float("inf")), ("memory_mb", 0), ("memory_mb", -5), ("max_output_bytes", 0.5),
-              ("max_file_bytes", -1), ("max_processes", 0), ("max_processes", True), ("timeout_s", "2"),
-              ("timeout_s", None)]
+BAD_LIMITS = [
+    ("timeout_s", float("nan")),
+    ("timeout_s", 0),
+    ("timeout_s", -1),
+    ("cpu_s", float("inf")),
+    ("compile_timeout_s", -float("inf")),
+    ("memory_mb", 0),
+    ("memory_mb", -5),
+    ("max_output_bytes", 0.5),
+    ("max_file_bytes", -1),
+    ("max_processes", 0),
+    ("max_processes", True),
+    ("timeout_s", "2"),
+    ("timeout_s", None),
+]
 
 
 def test_impossible_limits_are_refused_before_any_worker_sees_them(server):
@@ -138,7 +173,10 @@ def test_impossible_limits_are_refused_before_any_worker_sees_them(server):
 def test_interleaved_clients_each_get_their_own_result(server):
     """Threads sending good and impossible requests at once: each good one gets its own program's output,
     each bad one its 422, and no answer goes to another request."""
-    outcomes, bad = [], [{"timeout_s": float("nan")}, {"timeout_s": 0}, {"timeout_s": -1}, {"max_file_bytes": -1}]
+    outcomes, bad = (
+        [],
+        [{"timeout_s": float("nan")}, {"timeout_s": 0}, {"timeout_s": -1}, {"max_file_bytes": -1}],
+    )
 
     def client(c: int) -> None:
         for i in range(8):
@@ -152,7 +190,9 @@ def test_interleaved_clients_each_get_their_own_result(server):
         t.start()
     for t in threads:
         t.join()
-    assert sorted(outcomes) == [(c, i, 422 if i % 2 else f"client {c} request {i}\n") for c in range(6) for i in range(8)]
+    assert sorted(outcomes) == [
+        (c, i, 422 if i % 2 else f"client {c} request {i}\n") for c in range(6) for i in range(8)
+    ]
 
 
 # ------------------------------------------------------------------------------------------ exposure
@@ -163,8 +203,9 @@ TOKEN = "test-token-0123456789abcdef"
 @pytest.fixture(scope="module")
 def secured():
     """A service with a token, 64 KiB bodies, 4 executions held and 1 running per client."""
-    proc, url = start_server("--max-request-mb", "0.0625", "--client-pending", "4", "--client-concurrency", "1",
-                             token=TOKEN)
+    proc, url = start_server(
+        "--max-request-mb", "0.0625", "--client-pending", "4", "--client-concurrency", "1", token=TOKEN
+    )
     yield url
     proc.terminate()
     proc.wait(timeout=10)
@@ -175,8 +216,13 @@ def test_a_non_loopback_address_needs_a_token(monkeypatch):
     with pytest.raises(SandboxError, match="without a token"):
         serve("192.0.2.1", free_port())  # a documentation address: nothing is bound either way
     env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}
-    cli = subprocess.run([sys.executable, "-m", "tempering.cli", "sandbox", "serve", "--host", "192.0.2.1"],
-                         capture_output=True, text=True, timeout=60, env=env)
+    cli = subprocess.run(
+        [sys.executable, "-m", "tempering.cli", "sandbox", "serve", "--host", "192.0.2.1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     assert cli.returncode == 2 and "without a token" in cli.stderr
     monkeypatch.setenv(TOKEN_ENV, "short")
     with pytest.raises(SandboxError, match="at least 16"):
@@ -241,9 +287,16 @@ def test_a_client_cannot_raise_its_limits_past_the_services():
         slept, allocated = r.json()["results"]
         assert slept["status"] == "timeout" and time.monotonic() - start < 4
         assert allocated["status"] == "memory_limit" and "allocated" not in allocated["stdout"]
-        fusion = httpx.post(f"{url}/run_code", timeout=60, json={
-            "code": "x = bytearray(1 << 30)\nprint('allocated')", "language": "python", "run_timeout": 3600,
-            "memory_limit_MB": 65536}).json()
+        fusion = httpx.post(
+            f"{url}/run_code",
+            timeout=60,
+            json={
+                "code": "x = bytearray(1 << 30)\nprint('allocated')",
+                "language": "python",
+                "run_timeout": 3600,
+                "memory_limit_MB": 65536,
+            },
+        ).json()
         assert "allocated" not in (fusion["run_result"] or {}).get("stdout", "")
     finally:
         proc.terminate()
@@ -255,10 +308,21 @@ def test_a_client_cannot_raise_its_limits_past_the_services():
 
 def run_code(url: str, **body):
     """A SandboxFusion client, written only from its documented POST /run_code shape."""
-    payload = {"compile_timeout": 10, "run_timeout": 10, "memory_limit_MB": -1, "stdin": "", "files": {},
-               "fetch_files": [], **body}
-    resp = httpx.post(url, content=json.dumps(payload), timeout=60,
-                      headers={"Content-Type": "application/json", "Accept": "application/json"})
+    payload = {
+        "compile_timeout": 10,
+        "run_timeout": 10,
+        "memory_limit_MB": -1,
+        "stdin": "",
+        "files": {},
+        "fetch_files": [],
+        **body,
+    }
+    resp = httpx.post(
+        url,
+        content=json.dumps(payload),
+        timeout=60,
+        headers={"Content-Type": "application/json", "Accept": "application/json"},
+    )
     assert resp.status_code == 200, resp.text
     return resp.json()
 
@@ -270,14 +334,22 @@ def test_a_sandboxfusion_client_works_unchanged(server, secured):
     for url in (f"{server}/run_code", f"{secured}/run_code?token={TOKEN}"):
         py = run_code(url, code="print(sum(map(int, input().split())))", language="python", stdin="2 3\n")
         assert py["status"] == "Success" and py["compile_result"] is None
-        assert py["run_result"] | {"execution_time": 0} == {"status": "Finished", "execution_time": 0,
-                                                           "return_code": 0, "stdout": "5\n", "stderr": ""}
+        assert py["run_result"] | {"execution_time": 0} == {
+            "status": "Finished",
+            "execution_time": 0,
+            "return_code": 0,
+            "stdout": "5\n",
+            "stderr": "",
+        }
         cpp = run_code(url, code=CPP, language="cpp", stdin="6 7\n")
         assert cpp["status"] == "Success" and cpp["run_result"]["stdout"] == "42\n"
         assert cpp["compile_result"]["status"] == "Finished" and cpp["compile_result"]["return_code"] == 0
         failing = run_code(url, code="raise ValueError('boom')", language="python")
         assert failing["status"] == "Failed" and failing["run_result"]["status"] == "Finished"
-        assert failing["run_result"]["return_code"] == 1 and "ValueError: boom" in failing["run_result"]["stderr"]
+        assert (
+            failing["run_result"]["return_code"] == 1
+            and "ValueError: boom" in failing["run_result"]["stderr"]
+        )
     broken = run_code(f"{server}/run_code", code="int main( {", language="cpp")
     assert broken["status"] == "Failed" and broken["run_result"] is None
     assert broken["compile_result"]["return_code"] != 0 and "error" in broken["compile_result"]["stderr"]

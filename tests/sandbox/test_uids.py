@@ -33,8 +33,12 @@ def worker_ids(pool: LocalSandbox) -> set[int]:
 
 
 def test_two_pools_in_two_processes_get_disjoint_uids_and_survive_each_others_cleanup():
-    other = subprocess.Popen([sys.executable, "-c", OTHER.format(pid=os.getpid())], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, text=True)
+    other = subprocess.Popen(
+        [sys.executable, "-c", OTHER.format(pid=os.getpid())],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         theirs = {u for pair in json.loads(other.stdout.readline()) for u in pair}
         with LocalSandbox(workers=2) as mine:

@@ -33,8 +33,12 @@ def test_a_bound_function_carries_the_runs_hyper_parameters():
     from tempering.training.algorithm import bind_estimator, bind_policy_loss
 
     x, lx = inputs()
-    cfg = build_config({"algo": {"scale_by_std": False, "clip_ratio": 0.05, "loss_agg": "seq-mean-token-sum-norm"},
-                        "rollout": {"max_new_tokens": 7}})
+    cfg = build_config(
+        {
+            "algo": {"scale_by_std": False, "clip_ratio": 0.05, "loss_agg": "seq-mean-token-sum-norm"},
+            "rollout": {"max_new_tokens": 7},
+        }
+    )
     torch.testing.assert_close(bind_estimator(cfg)(x)[0], dr_grpo(x)[0])  # grpo without the std
     loss, metrics = bind_policy_loss(cfg)(lx)
     want, want_metrics = ppo_clip_loss(lx, clip_ratio=0.05, loss_agg="seq-mean-token-sum-norm", norm_length=7)
@@ -55,21 +59,49 @@ def needy_loss(x, *, clip_ratoi):
 def test_a_user_loss_gets_the_keywords_it_declares_and_a_missing_one_fails_at_load_time():
     from tempering.training.algorithm import bind_policy_loss
 
-    cfg = build_config({"algo": {"policy_loss": "tests.training.test_algorithm:lean_loss", "loss_agg": "seq-mean-token-mean"}})
+    cfg = build_config(
+        {
+            "algo": {
+                "policy_loss": "tests.training.test_algorithm:lean_loss",
+                "loss_agg": "seq-mean-token-mean",
+            }
+        }
+    )
     _, lx = inputs()
     assert torch.equal(bind_policy_loss(cfg)(lx)[0], ppo_clip_loss(lx, loss_agg="seq-mean-token-mean")[0])
     with pytest.raises(ConfigError) as e:
         build_config({"algo": {"policy_loss": "tests.training.test_algorithm:needy_loss"}})
-    assert "algo.policy_loss: policy loss 'tests.training.test_algorithm:needy_loss' cannot take" in str(e.value)
+    assert "algo.policy_loss: policy loss 'tests.training.test_algorithm:needy_loss' cannot take" in str(
+        e.value
+    )
     assert "clip_ratoi" in str(e.value) and "\n" not in str(e.value)
 
 
 def test_the_update_settings_are_read_from_the_config_once():
     from tempering.training.update import UpdateSettings
 
-    cfg = build_config({"algo": {"ppo_epochs": 3, "minibatches": 4, "loss_agg": "seq-mean-token-sum",
-                                 "entropy_coef": 0.01, "max_grad_norm": 0.5, "kl_estimator": "k2"},
-                        "rollout": {"temperature": 0.7}, "model": {"gradient_checkpointing": True}})
+    cfg = build_config(
+        {
+            "algo": {
+                "ppo_epochs": 3,
+                "minibatches": 4,
+                "loss_agg": "seq-mean-token-sum",
+                "entropy_coef": 0.01,
+                "max_grad_norm": 0.5,
+                "kl_estimator": "k2",
+            },
+            "rollout": {"temperature": 0.7},
+            "model": {"gradient_checkpointing": True},
+        }
+    )
     assert UpdateSettings.from_config(cfg) == UpdateSettings(
-        epochs=3, minibatches=4, loss_agg="seq-mean-token-sum", kl_estimator="k2", entropy_coef=0.01,
-        max_grad_norm=0.5, temperature=0.7, gradient_checkpointing=True, compute=torch.float32)
+        epochs=3,
+        minibatches=4,
+        loss_agg="seq-mean-token-sum",
+        kl_estimator="k2",
+        entropy_coef=0.01,
+        max_grad_norm=0.5,
+        temperature=0.7,
+        gradient_checkpointing=True,
+        compute=torch.float32,
+    )

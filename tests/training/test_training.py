@@ -27,21 +27,24 @@ def test_sft_learns_the_training_examples(tiny, tasks):
     assert history[-1]["sft/loss"] < 0.5 * history[0]["sft/loss"]
     # The first completion is now the greedy answer (memorised).
     prompt, completion = encode_examples(tokenizer, few[:1])[0]
-    gen = LocalEngine(model, tokenizer, SamplingParams(max_new_tokens=len(completion) + 2)).generate([prompt], greedy=True)
+    gen = LocalEngine(model, tokenizer, SamplingParams(max_new_tokens=len(completion) + 2)).generate(
+        [prompt], greedy=True
+    )
     assert gen.response_ids[0, : len(completion)].tolist() == completion
-
-
 
 
 def test_update_raises_the_likelihood_of_rewarded_samples(tiny, tasks):
     model, tokenizer = tiny
     batch = make_batch(model, tokenizer, tasks[0][:2], [1.0, 0.0, 0.0, 1.0])
-    opt = make_optimizer(model, lr=1e-3)  # (each minibatch is one group: at 1e-2 one group's step can undo the other's)
+    opt = make_optimizer(
+        model, lr=1e-3
+    )  # (each minibatch is one group: at 1e-2 one group's step can undo the other's)
 
     def seq_logp():
         with torch.no_grad():
-            lp, _ = response_logprobs(model, batch.prompt_ids, batch.prompt_mask, batch.response_ids,
-                                      batch.response_mask)
+            lp, _ = response_logprobs(
+                model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask
+            )
         return (lp * batch.response_mask).sum(1)
 
     before = seq_logp()
@@ -50,7 +53,9 @@ def test_update_raises_the_likelihood_of_rewarded_samples(tiny, tasks):
     after = seq_logp()
     delta = after - before
     assert delta[0] > delta[1] and delta[3] > delta[2]  # winners gain relative to losers in each group
-    assert {"actor/pg_loss", "actor/entropy", "actor/grad_norm", "actor/pg_clipfrac", "actor/ppo_kl"} <= set(metrics)
+    assert {"actor/pg_loss", "actor/entropy", "actor/grad_norm", "actor/pg_clipfrac", "actor/ppo_kl"} <= set(
+        metrics
+    )
 
 
 def test_a_mixed_precision_update_keeps_fp32_weights_and_raises_the_rewarded_samples(tiny, tasks):
@@ -59,19 +64,29 @@ def test_a_mixed_precision_update_keeps_fp32_weights_and_raises_the_rewarded_sam
     model, tokenizer = tiny
     batch = make_batch(model, tokenizer, tasks[0][:2], [1.0, 0.0, 0.0, 1.0])
     with torch.no_grad():
-        fp32, _ = response_logprobs(model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask)
+        fp32, _ = response_logprobs(
+            model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask
+        )
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            mixed, _ = response_logprobs(model, batch.prompt_ids, batch.prompt_mask, batch.response_ids,
-                                         batch.response_mask)
+            mixed, _ = response_logprobs(
+                model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask
+            )
     assert mixed.dtype == torch.float32 and 0 < float((mixed - fp32).abs().max()) < 0.1
     opt = make_optimizer(model, lr=1e-3)  # as the fp32 test's
     before = (fp32 * batch.response_mask).sum(1)
-    update_policy(model, opt, batch, ppo_clip_loss, UpdateSettings(epochs=2, minibatches=2, compute=torch.bfloat16),
-                  torch.Generator().manual_seed(0))
+    update_policy(
+        model,
+        opt,
+        batch,
+        ppo_clip_loss,
+        UpdateSettings(epochs=2, minibatches=2, compute=torch.bfloat16),
+        torch.Generator().manual_seed(0),
+    )
     assert all(p.dtype == torch.float32 for p in model.parameters())
     with torch.no_grad():
-        after, _ = response_logprobs(model, batch.prompt_ids, batch.prompt_mask, batch.response_ids,
-                                     batch.response_mask)
+        after, _ = response_logprobs(
+            model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask
+        )
     delta = (after * batch.response_mask).sum(1) - before
     assert delta[0] > delta[1] and delta[3] > delta[2]
 
@@ -83,14 +98,26 @@ def test_each_mixed_precision_minibatch_runs_on_the_weights_of_the_step_before(t
     model, tokenizer = tiny
     batch = make_batch(model, tokenizer, tasks[0][:2], [1.0, 0.0, 0.0, 1.0])
     start = {k: v.clone() for k, v in model.state_dict().items()}
-    update_policy(model, make_optimizer(model, lr=1e-2), batch, ppo_clip_loss,
-                  UpdateSettings(minibatches=2, compute=torch.bfloat16), torch.Generator().manual_seed(0))
+    update_policy(
+        model,
+        make_optimizer(model, lr=1e-2),
+        batch,
+        ppo_clip_loss,
+        UpdateSettings(minibatches=2, compute=torch.bfloat16),
+        torch.Generator().manual_seed(0),
+    )
     together = [p.detach().clone() for p in model.parameters()]
     model.load_state_dict(start)
     opt = make_optimizer(model, lr=1e-2)
     for index in batch.minibatches(2, torch.Generator().manual_seed(0)):
-        update_policy(model, opt, batch.select(index), ppo_clip_loss, UpdateSettings(compute=torch.bfloat16),
-                      torch.Generator().manual_seed(0))
+        update_policy(
+            model,
+            opt,
+            batch.select(index),
+            ppo_clip_loss,
+            UpdateSettings(compute=torch.bfloat16),
+            torch.Generator().manual_seed(0),
+        )
     assert all(torch.equal(a, b) for a, b in zip(together, model.parameters()))
     assert not all(torch.equal(a, b) for a, b in zip(together, start.values()))
 
@@ -105,8 +132,8 @@ def test_the_update_trains_on_the_kept_tokens_as_if_the_rejected_were_never_samp
     batch.ref_logprobs = batch.old_logprobs - 0.1 * batch.response_mask
     kept = batch.response_mask.clone()
     kept[0, 1:3] = 0.0
-    kept[2] = 0.0                        # a whole sequence rejected (sequence-level MIS)
-    assert kept[:, -1].any()             # so both batches keep the same width
+    kept[2] = 0.0  # a whole sequence rejected (sequence-level MIS)
+    assert kept[:, -1].any()  # so both batches keep the same width
     rejected = copy.copy(batch)
     rejected.kept_mask = kept
     never = copy.copy(batch)
@@ -117,8 +144,15 @@ def test_the_update_trains_on_the_kept_tokens_as_if_the_rejected_were_never_samp
         m = copy.deepcopy(start)
         loss = functools.partial(ppo_clip_loss, loss_agg="seq-mean-token-mean")
         settings = UpdateSettings(loss_agg="seq-mean-token-mean", entropy_coef=0.01)
-        metrics = update_policy(m, torch.optim.SGD(m.parameters(), lr=0.5), b, loss, settings, torch.Generator().manual_seed(0),
-                                kl_coef=0.1)
+        metrics = update_policy(
+            m,
+            torch.optim.SGD(m.parameters(), lr=0.5),
+            b,
+            loss,
+            settings,
+            torch.Generator().manual_seed(0),
+            kl_coef=0.1,
+        )
         out.append((metrics, [p.detach().clone() for p in m.parameters()]))
     assert out[0][0] == pytest.approx(out[1][0], rel=1e-5, abs=1e-7)
     assert all(torch.allclose(a, b, atol=1e-7) for a, b in zip(out[0][1], out[1][1]))
@@ -154,10 +188,14 @@ def plain_logprobs(model, batch, temperature=1.0):
         n = int(batch.response_mask[i].sum())
         ids = torch.cat([prompt, batch.response_ids[i, :n]])
         logp = torch.log_softmax(model(input_ids=ids[None]).logits[0].float() / temperature, -1)
-        lp = logp[len(prompt) - 1: len(prompt) - 1 + n].gather(-1, ids[len(prompt):, None]).squeeze(-1)
-        ent = -(logp.exp() * logp).sum(-1)[len(prompt) - 1: len(prompt) - 1 + n]
-        rows.append((torch.nn.functional.pad(lp, (0, batch.response_ids.shape[1] - n)),
-                     torch.nn.functional.pad(ent, (0, batch.response_ids.shape[1] - n))))
+        lp = logp[len(prompt) - 1 : len(prompt) - 1 + n].gather(-1, ids[len(prompt) :, None]).squeeze(-1)
+        ent = -(logp.exp() * logp).sum(-1)[len(prompt) - 1 : len(prompt) - 1 + n]
+        rows.append(
+            (
+                torch.nn.functional.pad(lp, (0, batch.response_ids.shape[1] - n)),
+                torch.nn.functional.pad(ent, (0, batch.response_ids.shape[1] - n)),
+            )
+        )
     return torch.stack([r[0] for r in rows]), torch.stack([r[1] for r in rows])
 
 
@@ -181,8 +219,14 @@ def test_the_packed_forward_has_the_values_and_gradients_of_the_plain_per_row_pa
             monkeypatch.setattr(forward, "CHUNK", 5)  # several chunks, each recomputed in the backward pass
             monkeypatch.setattr(forward, "PACK", pack)
             monkeypatch.setattr(forward, "SLACK", slack)
-            lp, ent = response_logprobs(model, batch.prompt_ids, batch.prompt_mask, batch.response_ids,
-                                        batch.response_mask, with_entropy=True)
+            lp, ent = response_logprobs(
+                model,
+                batch.prompt_ids,
+                batch.prompt_mask,
+                batch.response_ids,
+                batch.response_mask,
+                with_entropy=True,
+            )
         else:
             lp, ent = plain_logprobs(model, batch)
         mask = batch.response_mask
@@ -229,7 +273,9 @@ def test_the_heads_chunks_keep_their_logits_under_the_mmap_threshold_and_change_
     from tempering.models import forward
     from tempering.models.forward import CHUNK, LOGITS, HeadLogprobs, chunk_tokens
 
-    assert chunk_tokens(49152) == 128 and chunk_tokens(1024) == CHUNK and chunk_tokens(151936) * 151936 < LOGITS
+    assert (
+        chunk_tokens(49152) == 128 and chunk_tokens(1024) == CHUNK and chunk_tokens(151936) * 151936 < LOGITS
+    )
     torch.manual_seed(0)
     head, hidden = torch.nn.Linear(16, 50), torch.randn(70, 16, requires_grad=True)
     targets, weights = torch.randint(0, 50, (70,)), torch.randn(2, 70)
@@ -240,7 +286,9 @@ def test_the_heads_chunks_keep_their_logits_under_the_mmap_threshold_and_change_
         hidden.grad = None
         lp, ent = HeadLogprobs.apply(hidden, head.weight, head.bias, targets, 0.7, None, None, True)
         (lp * weights[0] + ent * weights[1]).sum().backward()
-        runs.append((lp.detach(), ent.detach(), hidden.grad, head.weight.grad.clone(), head.bias.grad.clone()))
+        runs.append(
+            (lp.detach(), ent.detach(), hidden.grad, head.weight.grad.clone(), head.bias.grad.clone())
+        )
     assert chunk_tokens(50) == 8
     assert torch.equal(runs[1][0], runs[0][0])
     for chunked, whole in zip(runs[1][1:], runs[0][1:]):
@@ -252,7 +300,11 @@ def test_in_bf16_the_heads_log_probs_are_those_of_the_autocast_head():
     from tempering.models.forward import HeadLogprobs, _chunk_logprobs
 
     torch.manual_seed(0)
-    head, hidden, targets = torch.nn.Linear(16, 50, bias=False), torch.randn(70, 16), torch.randint(0, 50, (70,))
+    head, hidden, targets = (
+        torch.nn.Linear(16, 50, bias=False),
+        torch.randn(70, 16),
+        torch.randint(0, 50, (70,)),
+    )
     with torch.autocast("cpu", dtype=torch.bfloat16):
         plain, _ = _chunk_logprobs(head, hidden, targets, 1.0, None)
         fused, _ = HeadLogprobs.apply(hidden, head.weight, None, targets, 1.0, None, torch.bfloat16, False)
@@ -277,9 +329,20 @@ def test_with_dropout_in_the_model_the_ratio_is_one_before_the_first_step(tiny_m
         batch = make_batch(model, load_tokenizer(tiny_model_dir), tasks[0][:4], [1.0, 0.0, 0.0, 1.0] * 2)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            metrics = update_policy(model, torch.optim.SGD(model.parameters(), lr=0.0), batch, ppo_clip_loss,
-                                    UpdateSettings(gradient_checkpointing=checkpointing), torch.Generator().manual_seed(0))
-        assert metrics["actor/pg_clipfrac"] == 0.0 and abs(metrics["actor/ppo_kl"]) < 1e-6, (checkpointing, metrics)
-        assert model.training  # left as it was found, checkpointing off again, without transformers' deprecations
+            metrics = update_policy(
+                model,
+                torch.optim.SGD(model.parameters(), lr=0.0),
+                batch,
+                ppo_clip_loss,
+                UpdateSettings(gradient_checkpointing=checkpointing),
+                torch.Generator().manual_seed(0),
+            )
+        assert metrics["actor/pg_clipfrac"] == 0.0 and abs(metrics["actor/ppo_kl"]) < 1e-6, (
+            checkpointing,
+            metrics,
+        )
+        assert (
+            model.training
+        )  # left as it was found, checkpointing off again, without transformers' deprecations
         assert not any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
         assert not [w for w in caught if "checkpointing" in str(w.message)], [str(w.message) for w in caught]

@@ -25,9 +25,9 @@ def hard_clip_loss(
     way). It declares no `clip_ratio_c` (PPO's dual clip has no meaning here), so the run does not pass it."""
     low = clip_ratio if clip_ratio_low is None else clip_ratio_low
     high = clip_ratio if clip_ratio_high is None else clip_ratio_high
-    ratio = torch.exp(x.logprobs - x.old_logprobs)                              # (B, T)
+    ratio = torch.exp(x.logprobs - x.old_logprobs)  # (B, T)
     clipped = ratio.clamp(1.0 - low, 1.0 + high)
-    losses = x.weighted(-x.advantages * clipped)                               # (B, T)
+    losses = x.weighted(-x.advantages * clipped)  # (B, T)
     loss = aggregate(losses, x.mask, loss_agg, norm_length)
     with torch.no_grad():
         outside = (ratio < 1.0 - low) | (ratio > 1.0 + high)

@@ -18,8 +18,17 @@ def reverse_tasks(num_train: int, num_heldout: int, seed: int = 0) -> tuple[list
         word = "".join(rng.choice("abcdefgh") for _ in range(rng.randint(3, 5)))
         if word not in words:
             words.append(word)
-    tasks = [{"id": f"reverse-{i}", "domain": "reverse", "env": ENV, "prompt": f"Reverse: {w}\nAnswer: ",
-              "answer": w[::-1], "reference_solution": w[::-1] + "\n"} for i, w in enumerate(words)]
+    tasks = [
+        {
+            "id": f"reverse-{i}",
+            "domain": "reverse",
+            "env": ENV,
+            "prompt": f"Reverse: {w}\nAnswer: ",
+            "answer": w[::-1],
+            "reference_solution": w[::-1] + "\n",
+        }
+        for i, w in enumerate(words)
+    ]
     return tasks[:num_train], tasks[num_train:]
 
 

@@ -40,14 +40,24 @@ class LocalModel:
         return self.format.render(messages)
 
 
-def local_model(model, tokenizer, *, name: str = "local", chat: str = "auto", max_context: int | None = None,
-                dtype: torch.dtype | None = None, sampling: SamplingParams | None = None, max_rows: int = 256,
-                on_step: Callable[[int], None] | None = None) -> LocalModel:
+def local_model(
+    model,
+    tokenizer,
+    *,
+    name: str = "local",
+    chat: str = "auto",
+    max_context: int | None = None,
+    dtype: torch.dtype | None = None,
+    sampling: SamplingParams | None = None,
+    max_rows: int = 256,
+    on_step: Callable[[int], None] | None = None,
+) -> LocalModel:
     """A model already in memory, served (tests; `load_local` opens one from its directory)."""
     from tempering.inference.engine import LocalEngine
 
-    engine = LocalEngine(model, tokenizer, sampling or SamplingParams(), dtype=dtype, max_rows=max_rows,
-                         on_step=on_step)
+    engine = LocalEngine(
+        model, tokenizer, sampling or SamplingParams(), dtype=dtype, max_rows=max_rows, on_step=on_step
+    )
     return served(engine, name=name, chat=chat, max_context=max_context)
 
 
@@ -56,20 +66,38 @@ def served(engine: LocalEngine, *, name: str, chat: str, max_context: int | None
     from tempering.inference.chat import chat_format
 
     config = engine.model.config
-    limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None) or 1 << 30
-    return LocalModel(name, engine, engine.tokenizer, chat_format(engine.tokenizer, chat),
-                      min(max_context or limit, limit))
+    limit = (
+        getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None) or 1 << 30
+    )
+    return LocalModel(
+        name, engine, engine.tokenizer, chat_format(engine.tokenizer, chat), min(max_context or limit, limit)
+    )
 
 
-def load_local(spec: str | Path, *, device: str = "auto", chat: str = "auto", max_context: int | None = None,
-               sampling: SamplingParams | None = None, compute: str = "float32", max_rows: int = 256,
-               on_step: Callable[[int], None] | None = None) -> LocalModel:
+def load_local(
+    spec: str | Path,
+    *,
+    device: str = "auto",
+    chat: str = "auto",
+    max_context: int | None = None,
+    sampling: SamplingParams | None = None,
+    compute: str = "float32",
+    max_rows: int = 256,
+    on_step: Callable[[int], None] | None = None,
+) -> LocalModel:
     """A local model from anything `checkpoint.resolve_model` takes: a model directory, a checkpoint or run
     directory (its newest model), or a registry name (`smollm2-135m-instruct`, prepared on first use),
     opened by `inference.engine.open_model` as `eval` and the pipeline open theirs."""
     from tempering.checkpoint import resolve_model
     from tempering.inference.engine import open_model
 
-    engine = open_model(resolve_model(spec), sampling or SamplingParams(), device=device, compute=compute,
-                        keys=("--device", "--compute"), max_rows=max_rows, on_step=on_step)
+    engine = open_model(
+        resolve_model(spec),
+        sampling or SamplingParams(),
+        device=device,
+        compute=compute,
+        keys=("--device", "--compute"),
+        max_rows=max_rows,
+        on_step=on_step,
+    )
     return served(engine, name=str(spec), chat=chat, max_context=max_context)

@@ -25,9 +25,20 @@ from tempering.envs.base import clip_middle
 from tempering.envs.code import last_line, shareable_errors
 from tempering.types import ExecResult
 
-FAILURE_CLASSES = ("rejected", "passed", "syntax_error", "timeout", "memory", "output_limit", "runtime_error",
-                   "wrong_answer", "sandbox_error")
-_EXCEPTION = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Warning)|StopIteration|KeyboardInterrupt)\b")
+FAILURE_CLASSES = (
+    "rejected",
+    "passed",
+    "syntax_error",
+    "timeout",
+    "memory",
+    "output_limit",
+    "runtime_error",
+    "wrong_answer",
+    "sandbox_error",
+)
+_EXCEPTION = re.compile(
+    r"^([A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Warning)|StopIteration|KeyboardInterrupt)\b"
+)
 _WRONG = (" expected ", "expected stdout", "returned a value", "assertion failed")
 
 
@@ -53,8 +64,9 @@ class Failure:
         return asdict(self)
 
 
-def classify(hidden: ExecResult, examples: ExecResult | None = None, hacks: list[str] = (),
-             traceback_chars: int = 2000) -> Failure:
+def classify(
+    hidden: ExecResult, examples: ExecResult | None = None, hacks: list[str] = (), traceback_chars: int = 2000
+) -> Failure:
     """The class of an attempt from its execution on the hidden tests (`hidden`) and on the visible
     examples (`examples`, when they ran alongside), and the guards' detections."""
     failed = [t for t in hidden.tests if not t.passed]

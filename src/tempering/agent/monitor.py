@@ -34,20 +34,39 @@ class Metrics:
 
     def __init__(self):
         self.registry = r = CollectorRegistry()
-        self.requests = Counter("tempering_requests", "HTTP requests served", ["endpoint", "status"], registry=r)
-        self.request_seconds = Histogram("tempering_request_seconds", "Time to answer a request", ["endpoint"],
-                                         buckets=LATENCY_BUCKETS, registry=r)
+        self.requests = Counter(
+            "tempering_requests", "HTTP requests served", ["endpoint", "status"], registry=r
+        )
+        self.request_seconds = Histogram(
+            "tempering_request_seconds",
+            "Time to answer a request",
+            ["endpoint"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.prompt_tokens = Counter("tempering_prompt_tokens", "Prompt tokens processed", registry=r)
         self.completion_tokens = Counter("tempering_completion_tokens", "Tokens generated", registry=r)
-        self.cancelled = Counter("tempering_cancelled", "Requests whose client hung up before they were done",
-                                 registry=r)
-        self.batch_size = Histogram("tempering_batch_size", "Requests generated together",
-                                    buckets=(1, 2, 4, 8, 16, 32, 64), registry=r)
-        self.attempts = Counter("tempering_attempts", "Agent attempts by outcome class", ["outcome"], registry=r)
-        self.attempt_seconds = Histogram("tempering_attempt_seconds", "Time of one attempt (generation and "
-                                         "execution)", buckets=LATENCY_BUCKETS, registry=r)
-        self.episodes = Counter("tempering_episodes", "Agent episodes by result (solved, failed, stuck)",
-                                ["result"], registry=r)
+        self.cancelled = Counter(
+            "tempering_cancelled", "Requests whose client hung up before they were done", registry=r
+        )
+        self.batch_size = Histogram(
+            "tempering_batch_size",
+            "Requests generated together",
+            buckets=(1, 2, 4, 8, 16, 32, 64),
+            registry=r,
+        )
+        self.attempts = Counter(
+            "tempering_attempts", "Agent attempts by outcome class", ["outcome"], registry=r
+        )
+        self.attempt_seconds = Histogram(
+            "tempering_attempt_seconds",
+            "Time of one attempt (generation and execution)",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.episodes = Counter(
+            "tempering_episodes", "Agent episodes by result (solved, failed, stuck)", ["result"], registry=r
+        )
         self.success_rate = Gauge("tempering_success_rate", "Success rate over the alert window", registry=r)
         self.alerts = Counter("tempering_alerts", "Alerts fired", ["rule"], registry=r)
 
@@ -56,13 +75,23 @@ class Metrics:
 
 
 class AlertRule:
-    def __init__(self, action: Callable[[dict], Any] | str, *, threshold: float = 0.5, window: int = 50,
-                 min_events: int = 10, clear_below: float | None = None, name: str = "failure_rate",
-                 metrics: Metrics | None = None):
+    def __init__(
+        self,
+        action: Callable[[dict], Any] | str,
+        *,
+        threshold: float = 0.5,
+        window: int = 50,
+        min_events: int = 10,
+        clear_below: float | None = None,
+        name: str = "failure_rate",
+        metrics: Metrics | None = None,
+    ):
         if not 0.0 < threshold <= 1.0:
             raise ValueError(f"alert threshold {threshold} is not in (0, 1]")
         if window < 1 or not 1 <= min_events <= window:
-            raise ValueError(f"alert window {window} / min_events {min_events}: need 1 <= min_events <= window")
+            raise ValueError(
+                f"alert window {window} / min_events {min_events}: need 1 <= min_events <= window"
+            )
         self.action, self.threshold, self.name, self.metrics = action, threshold, name, metrics
         self.min_events = min_events
         self.clear_below = threshold / 2 if clear_below is None else clear_below
@@ -88,8 +117,14 @@ class AlertRule:
             if self.firing or len(self.outcomes) < self.min_events or rate < self.threshold:
                 return None
             self.firing, self.fired = True, self.fired + 1
-            alert = {"rule": self.name, "failure_rate": round(rate, 4), "threshold": self.threshold,
-                     "window": len(self.outcomes), "time": time.time(), **context}
+            alert = {
+                "rule": self.name,
+                "failure_rate": round(rate, 4),
+                "threshold": self.threshold,
+                "window": len(self.outcomes),
+                "time": time.time(),
+                **context,
+            }
         if self.metrics:
             self.metrics.alerts.labels(self.name).inc()
         log.warning(json.dumps({"event": "alert", **alert}))

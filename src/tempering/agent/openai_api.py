@@ -71,8 +71,11 @@ class SamplingRequest(BaseModel):
         if not isinstance(data, dict):
             return data
         fields = cls.model_fields
-        return {k: v for k, v in data.items()
-                if v is not None or k not in fields or fields[k].is_required() or fields[k].default is None}
+        return {
+            k: v
+            for k, v in data.items()
+            if v is not None or k not in fields or fields[k].is_required() or fields[k].default is None
+        }
 
 
 class ChatRequest(SamplingRequest):
@@ -135,21 +138,34 @@ class ServeLimits:
 class Refused(Exception):
     """A request answered with an OpenAI-shaped error before any generation."""
 
-    def __init__(self, status: int, message: str, code: str | None = None,
-                 kind: str = "invalid_request_error", headers: dict[str, str] | None = None,
-                 param: str | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        code: str | None = None,
+        kind: str = "invalid_request_error",
+        headers: dict[str, str] | None = None,
+        param: str | None = None,
+    ):
         super().__init__(message)
         self.status, self.message, self.code, self.kind, self.headers = status, message, code, kind, headers
         self.param = param
 
 
-def error_body(message: str, kind: str = "invalid_request_error", code: str | None = None,
-               param: str | None = None) -> dict:
+def error_body(
+    message: str, kind: str = "invalid_request_error", code: str | None = None, param: str | None = None
+) -> dict:
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
-def error_response(status: int, message: str, kind: str = "invalid_request_error", code: str | None = None,
-                   headers: dict[str, str] | None = None, param: str | None = None) -> JSONResponse:
+def error_response(
+    status: int,
+    message: str,
+    kind: str = "invalid_request_error",
+    code: str | None = None,
+    headers: dict[str, str] | None = None,
+    param: str | None = None,
+) -> JSONResponse:
     return JSONResponse(error_body(message, kind, code, param), status_code=status, headers=headers)
 
 
@@ -160,21 +176,31 @@ def request_messages(given: list[dict[str, Any]]) -> list[dict[str, str]]:
         try:
             out.append({"role": m.get("role"), "content": message_text(m.get("content"))})
         except ValueError as e:
-            raise Refused(400, f"messages[{i}].{e}", code="unsupported_value",
-                          param=f"messages[{i}].content") from None
+            raise Refused(
+                400, f"messages[{i}].{e}", code="unsupported_value", param=f"messages[{i}].content"
+            ) from None
     return out
 
 
-def check_request(body: SamplingRequest, chars: int, top: int | None, *, model: str, max_context: int,
-                  limits: ServeLimits) -> list[str]:
+def check_request(
+    body: SamplingRequest, chars: int, top: int | None, *, model: str, max_context: int, limits: ServeLimits
+) -> list[str]:
     """Everything that can be refused before tokenizing a prompt of `chars` characters for `model` (asking for
     `top` alternatives' log-probs, None: no log-probs); returns the stop strings."""
     if body.model not in (None, model):
-        raise Refused(404, f"model '{body.model}' is not served here; this server serves '{model}'",
-                      code="model_not_found", param="model")
+        raise Refused(
+            404,
+            f"model '{body.model}' is not served here; this server serves '{model}'",
+            code="model_not_found",
+            param="model",
+        )
     if (name := unsupported(body)) is not None:
-        raise Refused(400, f"'{name}' is not supported by this server (it would change the output)",
-                      code="unsupported_parameter", param=name)
+        raise Refused(
+            400,
+            f"'{name}' is not supported by this server (it would change the output)",
+            code="unsupported_parameter",
+            param=name,
+        )
     if body.n > limits.max_n:
         raise Refused(400, f"n: at most {limits.max_n} choices per request", param="n")
     max_tokens = limits.max_tokens or max_context
@@ -186,11 +212,18 @@ def check_request(body: SamplingRequest, chars: int, top: int | None, *, model: 
     if len(stop) > 4:
         raise Refused(400, "stop: at most 4 sequences", param="stop")
     if (longest := max(map(len, stop), default=0)) > limits.max_stop_chars:
-        raise Refused(400, f"stop: each sequence at most {limits.max_stop_chars} characters here (one has "
-                           f"{longest})", param="stop")
+        raise Refused(
+            400,
+            f"stop: each sequence at most {limits.max_stop_chars} characters here (one has {longest})",
+            param="stop",
+        )
     if chars > max_context * limits.chars_per_token:
-        raise Refused(400, f"the prompt is {chars} characters, more than this model's context of "
-                           f"{max_context} tokens can hold", code="context_length_exceeded")
+        raise Refused(
+            400,
+            f"the prompt is {chars} characters, more than this model's context of "
+            f"{max_context} tokens can hold",
+            code="context_length_exceeded",
+        )
     return stop
 
 
@@ -214,19 +247,40 @@ class ChatReply:
         return {"content": [self.entry(e) for e in entries]} if self.entry else None
 
     def whole(self, jobs: list[Job]) -> dict:
-        return {"id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
-                "choices": [{"index": i, "message": {"role": "assistant", "content": j.text},
-                             "finish_reason": j.finish_reason, "logprobs": self.logprobs(j.token_logprobs)}
-                            for i, j in enumerate(jobs)], "usage": usage(jobs)}
+        return {
+            "id": self.id,
+            "object": "chat.completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [
+                {
+                    "index": i,
+                    "message": {"role": "assistant", "content": j.text},
+                    "finish_reason": j.finish_reason,
+                    "logprobs": self.logprobs(j.token_logprobs),
+                }
+                for i, j in enumerate(jobs)
+            ],
+            "usage": usage(jobs),
+        }
 
     def chunk(self, i: int, text: str | None, entries: list[TokenLogprob], finish: str | None) -> dict:
         # The opening chunk ("", nothing else) names the role; the closing one (None) has no content.
         opening = text == "" and not entries and finish is None
         delta = {} if text is None else {"role": "assistant", "content": ""} if opening else {"content": text}
-        choice = {"index": i, "delta": delta, "finish_reason": finish,
-                  "logprobs": self.logprobs(entries) if entries else None}
-        return {"id": self.id, "object": "chat.completion.chunk", "created": self.created,
-                "model": self.model, "choices": [choice]}
+        choice = {
+            "index": i,
+            "delta": delta,
+            "finish_reason": finish,
+            "logprobs": self.logprobs(entries) if entries else None,
+        }
+        return {
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice],
+        }
 
 
 @dataclass(slots=True)
@@ -248,18 +302,47 @@ class CompletionReply:
         tokens = [decode([e.token], skip_special_tokens=False) for e in entries]
         offsets = [sum(map(len, tokens[:k])) for k in range(len(tokens))]
         tops = [{decode([t], skip_special_tokens=False): lp for t, lp in e.top} for e in entries]
-        return {"tokens": tokens, "token_logprobs": [e.logprob for e in entries], "top_logprobs": tops,
-                "text_offset": offsets}
+        return {
+            "tokens": tokens,
+            "token_logprobs": [e.logprob for e in entries],
+            "top_logprobs": tops,
+            "text_offset": offsets,
+        }
 
     def whole(self, jobs: list[Job]) -> dict:
         ids = {"prompt_token_ids": jobs[0].prompt} if self.token_ids else {}
-        choices = [{"index": i, "text": j.text, "finish_reason": j.finish_reason,
-                    "logprobs": self.logprobs(j.token_logprobs),
-                    **({"token_ids": j.ids} if self.token_ids else {})} for i, j in enumerate(jobs)]
-        return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
-                **ids, "choices": choices, "usage": usage(jobs)}
+        choices = [
+            {
+                "index": i,
+                "text": j.text,
+                "finish_reason": j.finish_reason,
+                "logprobs": self.logprobs(j.token_logprobs),
+                **({"token_ids": j.ids} if self.token_ids else {}),
+            }
+            for i, j in enumerate(jobs)
+        ]
+        return {
+            "id": self.id,
+            "object": "text_completion",
+            "created": self.created,
+            "model": self.model,
+            **ids,
+            "choices": choices,
+            "usage": usage(jobs),
+        }
 
     def chunk(self, i: int, text: str | None, entries: list[TokenLogprob], finish: str | None) -> dict:
-        return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
-                "choices": [{"index": i, "text": text or "", "finish_reason": finish,
-                             "logprobs": self.logprobs(entries) if entries else None}]}
+        return {
+            "id": self.id,
+            "object": "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [
+                {
+                    "index": i,
+                    "text": text or "",
+                    "finish_reason": finish,
+                    "logprobs": self.logprobs(entries) if entries else None,
+                }
+            ],
+        }

@@ -29,9 +29,29 @@ from tempering.inference.engine import Engine
 from tempering.rollout.episodes import run_episodes
 from tempering.types import Episode, Task
 
-ATTEMPT_FIELDS = ("event", "time", "model", "task_id", "attempt", "program", "class", "message", "traceback",
-                  "visible_failures", "hidden_failed", "hidden_total", "passed_fraction", "feedback", "stuck", "final",
-                  "ended", "latency_s", "prompt_tokens", "completion_tokens", "task")
+ATTEMPT_FIELDS = (
+    "event",
+    "time",
+    "model",
+    "task_id",
+    "attempt",
+    "program",
+    "class",
+    "message",
+    "traceback",
+    "visible_failures",
+    "hidden_failed",
+    "hidden_total",
+    "passed_fraction",
+    "feedback",
+    "stuck",
+    "final",
+    "ended",
+    "latency_s",
+    "prompt_tokens",
+    "completion_tokens",
+    "task",
+)
 """One line of the attempt log. `task` is the task itself (prompt, entry point, tests), so that
 `tempering data from-logs` can rebuild it; `ended` (on the final attempt) is solved, stuck, repairs
 (none left), context (the model's context is full) or rejected."""
@@ -73,8 +93,10 @@ class RepairReport:
             "pass@1": sum(e.solved for e in self.episodes) / n,
             "stuck_rate": sum(e.ended == "stuck" for e in self.episodes) / n,
             "attempts/mean": sum(len(e.classes) for e in self.episodes) / n,
-            "ended": {k: sum(e.ended == k for e in self.episodes)
-                      for k in ("solved", "stuck", "repairs", "context", "rejected")},
+            "ended": {
+                k: sum(e.ended == k for e in self.episodes)
+                for k in ("solved", "stuck", "repairs", "context", "rejected")
+            },
             "first_attempt_classes": {c: k for c, k in first_classes.items() if k},
         }
 
@@ -101,23 +123,44 @@ class StopRule:
             return "rejected"
         programs = [program_of(e.task, t.action) for t in e.turns]
         earlier = self.failures[id(e)][:-1]
-        if self.stuck and ((earlier and earlier[-1].signature == failure.signature) or programs[-1] in programs[:-1]):
+        if self.stuck and (
+            (earlier and earlier[-1].signature == failure.signature) or programs[-1] in programs[:-1]
+        ):
             return "stuck"
         return None
 
 
-def repair(engine: Engine, tasks: list[Task], ctx: EnvContext, settings: RepairSettings = RepairSettings(), *,
-           max_context: int = 1024, chat: str = "auto", name: str = "model", log: JsonLog | None = None,
-           metrics: Metrics | None = None, alert: AlertRule | None = None) -> RepairReport:
+def repair(
+    engine: Engine,
+    tasks: list[Task],
+    ctx: EnvContext,
+    settings: RepairSettings = RepairSettings(),
+    *,
+    max_context: int = 1024,
+    chat: str = "auto",
+    name: str = "model",
+    log: JsonLog | None = None,
+    metrics: Metrics | None = None,
+    alert: AlertRule | None = None,
+) -> RepairReport:
     """Run the agent on code tasks; `ctx` carries the sandbox and the environment's options (feedback
     length, instruction) - those of the model's training run, so the feedback reads as it did there."""
     if bad := [t.id for t in tasks if t.env != "code"]:
         raise ValueError(f"the repair agent takes code tasks; not: {', '.join(bad[:5])}")
     rule, rounds = StopRule(settings.stop_when_stuck), []
-    episodes = run_episodes(engine, tasks, replace(ctx, max_turns=settings.repairs + 1), group_size=1,
-                            max_context=max_context, greedy=settings.greedy, chat=chat, seed=settings.seed,
-                            generator=torch.Generator().manual_seed(settings.seed), timer=_rounds(rounds),
-                            stop=rule)
+    episodes = run_episodes(
+        engine,
+        tasks,
+        replace(ctx, max_turns=settings.repairs + 1),
+        group_size=1,
+        max_context=max_context,
+        greedy=settings.greedy,
+        chat=chat,
+        seed=settings.seed,
+        generator=torch.Generator().manual_seed(settings.seed),
+        timer=_rounds(rounds),
+        stop=rule,
+    )
     log, outcomes = log or JsonLog(None), []
     for e in episodes:
         outcome = EpisodeOutcome(e.task.id)
@@ -126,26 +169,47 @@ def repair(engine: Engine, tasks: list[Task], ctx: EnvContext, settings: RepairS
             final = k == len(e.turns) - 1
             outcome.classes.append(failure.kind)
             if final:
-                outcome.ended = ("solved" if turn.success else "rejected" if failure.kind == "rejected"
-                                 else e.stopped or ("context" if e.truncated else "repairs"))
+                outcome.ended = (
+                    "solved"
+                    if turn.success
+                    else "rejected"
+                    if failure.kind == "rejected"
+                    else e.stopped or ("context" if e.truncated else "repairs")
+                )
             context = len(e.prompt_ids) + e.turn_ends[k] + 1 - turn.tokens
             latency = rounds[k] if k < len(rounds) else 0.0
-            log.write({
-                "event": "attempt", "time": time.time(), "model": name, "task_id": e.task.id, "attempt": k + 1,
-                "program": program_of(e.task, turn.action), "class": failure.kind, "message": failure.message,
-                "traceback": failure.traceback, "visible_failures": failure.visible,
-                "hidden_failed": failure.hidden_failed, "hidden_total": failure.hidden_total,
-                "passed_fraction": turn.passed, "feedback": turn.observation,
-                "stuck": final and e.stopped == "stuck", "final": final, "ended": outcome.ended or None,
-                "latency_s": round(latency, 4), "prompt_tokens": context, "completion_tokens": turn.tokens,
-                "task": e.task.model_dump(exclude_defaults=True),
-            })
+            log.write(
+                {
+                    "event": "attempt",
+                    "time": time.time(),
+                    "model": name,
+                    "task_id": e.task.id,
+                    "attempt": k + 1,
+                    "program": program_of(e.task, turn.action),
+                    "class": failure.kind,
+                    "message": failure.message,
+                    "traceback": failure.traceback,
+                    "visible_failures": failure.visible,
+                    "hidden_failed": failure.hidden_failed,
+                    "hidden_total": failure.hidden_total,
+                    "passed_fraction": turn.passed,
+                    "feedback": turn.observation,
+                    "stuck": final and e.stopped == "stuck",
+                    "final": final,
+                    "ended": outcome.ended or None,
+                    "latency_s": round(latency, 4),
+                    "prompt_tokens": context,
+                    "completion_tokens": turn.tokens,
+                    "task": e.task.model_dump(exclude_defaults=True),
+                }
+            )
             if metrics:
                 metrics.attempts.labels(failure.kind).inc()
                 metrics.attempt_seconds.observe(latency)
         if metrics:
-            metrics.episodes.labels("solved" if outcome.solved else "stuck" if outcome.ended == "stuck"
-                                    else "failed").inc()
+            metrics.episodes.labels(
+                "solved" if outcome.solved else "stuck" if outcome.ended == "stuck" else "failed"
+            ).inc()
         if alert:
             alert.observe(outcome.solved, task_id=outcome.task_id)
         outcomes.append(outcome)

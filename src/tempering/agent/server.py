@@ -102,7 +102,9 @@ class Gate:
     async def __call__(self, scope, receive, send):
         client = (scope.get("client") or ("?",))[0]
         if scope["type"] == "http" and scope["path"] in self.PATHS and (why := self.admission.busy(client)):
-            refusal = error_response(429, why, "rate_limit_error", "rate_limit_exceeded", {"Retry-After": "1"})
+            refusal = error_response(
+                429, why, "rate_limit_error", "rate_limit_exceeded", {"Retry-After": "1"}
+            )
             return await refusal(scope, receive, send)
         return await self.app(scope, receive, send)
 
@@ -132,8 +134,16 @@ class Observe:
             self.metrics.requests.labels(endpoint, str(status[0])).inc()
             self.metrics.request_seconds.labels(endpoint).observe(seconds)
             client = scope.get("client")
-            self.log.write({"event": "request", "time": time.time(), "endpoint": endpoint, "status": status[0],
-                            "latency_s": round(seconds, 4), "client": client[0] if client else None})
+            self.log.write(
+                {
+                    "event": "request",
+                    "time": time.time(),
+                    "endpoint": endpoint,
+                    "status": status[0],
+                    "latency_s": round(seconds, 4),
+                    "client": client[0] if client else None,
+                }
+            )
             if self.alert:
                 self.alert.observe(status[0] < 500, endpoint=endpoint)
 
@@ -170,8 +180,16 @@ class OpenAIServer:
     and the routes, one method each. `app()` puts the routes on FastAPI behind the ASGI layers (call it
     once: it starts the engine)."""
 
-    def __init__(self, chat: LocalModel, *, token: str | None = None, log_path: str | None = None,
-                 alert: AlertRule | None = None, limits: ServeLimits | None = None, metrics: Metrics | None = None):
+    def __init__(
+        self,
+        chat: LocalModel,
+        *,
+        token: str | None = None,
+        log_path: str | None = None,
+        alert: AlertRule | None = None,
+        limits: ServeLimits | None = None,
+        metrics: Metrics | None = None,
+    ):
         limits = limits or ServeLimits()
         self.chat, self.engine, self.token, self.alert, self.limits = chat, chat.engine, token, alert, limits
         self.metrics = metrics or (alert.metrics if alert and alert.metrics else Metrics())
@@ -193,8 +211,9 @@ class OpenAIServer:
         app.add_api_route("/health", self.health, methods=["GET"])
         app.add_api_route("/metrics", self.prometheus, methods=["GET"])
         app.add_api_route("/v1/models", self.models, methods=["GET"])
-        app.add_api_route("/v1/chat/completions", self.chat_completions, methods=["POST"],
-                          response_model=None)
+        app.add_api_route(
+            "/v1/chat/completions", self.chat_completions, methods=["POST"], response_model=None
+        )
         app.add_api_route("/v1/completions", self.completions, methods=["POST"], response_model=None)
         self.engine.start()  # last: nothing after it can fail and leave its thread running
         observed = Observe(Gate(app, self.admission), self.metrics, self.log, self.alert)
@@ -227,8 +246,18 @@ class OpenAIServer:
         return Response(self.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     def models(self) -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": self.chat.name, "object": "model", "created": self.created,
-                                            "owned_by": "tempering", "max_model_len": self.chat.max_context}]}
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": self.chat.name,
+                    "object": "model",
+                    "created": self.created,
+                    "owned_by": "tempering",
+                    "max_model_len": self.chat.max_context,
+                }
+            ],
+        }
 
     async def chat_completions(self, body: ChatRequest, request: Request):
         if body.top_logprobs is not None and not body.logprobs:
@@ -255,27 +284,45 @@ class OpenAIServer:
             ids = list(body.prompt)
             jobs = await self.admitted(request, body, len(ids), body.logprobs, lambda: ids)
         else:
-            jobs = await self.admitted(request, body, len(body.prompt), body.logprobs,
-                                       lambda: encode_prompt(tokenizer, body.prompt))
+            jobs = await self.admitted(
+                request, body, len(body.prompt), body.logprobs, lambda: encode_prompt(tokenizer, body.prompt)
+            )
         reply = CompletionReply(self.chat.name, tokenizer, body.logprobs is not None, body.return_token_ids)
         return await self.answer(request, body, jobs, reply)
 
     # A completion request, from its body to its answer.
 
-    async def admitted(self, request: Request, body: SamplingRequest, chars: int, top: int | None,
-                       tokenize: Callable[[], list[int]]) -> list[Job]:
+    async def admitted(
+        self,
+        request: Request,
+        body: SamplingRequest,
+        chars: int,
+        top: int | None,
+        tokenize: Callable[[], list[int]],
+    ) -> list[Job]:
         """Checked, admitted (429 past the caps) and tokenized (off the event loop): the request's jobs, not
         submitted yet - `answer` submits them once it listens to them."""
-        stop = check_request(body, chars, top, model=self.chat.name, max_context=self.chat.max_context,
-                             limits=self.limits)
+        stop = check_request(
+            body, chars, top, model=self.chat.name, max_context=self.chat.max_context, limits=self.limits
+        )
         client = request.client.host if request.client else "?"
         self.enter(client, body.n)
         prompt, room = await self.tokenized(client, body.n, tokenize)
         wanted = body.max_completion_tokens or body.max_tokens or DEFAULT_MAX_TOKENS
         seed = body.seed if body.seed is not None else time.time_ns() % (1 << 31)
-        jobs = [Job(prompt, max_tokens=min(wanted, room), temperature=body.temperature, top_p=body.top_p,
-                    seed=(seed + i) % (1 << 64), stop=stop, logprobs=top, client=client)
-                for i in range(body.n)]
+        jobs = [
+            Job(
+                prompt,
+                max_tokens=min(wanted, room),
+                temperature=body.temperature,
+                top_p=body.top_p,
+                seed=(seed + i) % (1 << 64),
+                stop=stop,
+                logprobs=top,
+                client=client,
+            )
+            for i in range(body.n)
+        ]
         for job in jobs:  # each gives its room back when the engine is done with it (or it was cancelled)
             job.done.add_done_callback(lambda _, c=client: self.admission.leave(c, 1))
         return jobs
@@ -286,20 +333,28 @@ class OpenAIServer:
             self.admission.enter(client, n)
         except HTTPException as e:
             limited = e.status_code == 429
-            raise Refused(e.status_code, e.detail, code="rate_limit_exceeded" if limited else None,
-                          kind="rate_limit_error" if limited else "invalid_request_error",
-                          headers=e.headers) from None
+            raise Refused(
+                e.status_code,
+                e.detail,
+                code="rate_limit_exceeded" if limited else None,
+                kind="rate_limit_error" if limited else "invalid_request_error",
+                headers=e.headers,
+            ) from None
 
-    async def tokenized(self, client: str, n: int,
-                        tokenize: Callable[[], list[int]]) -> tuple[list[int], int]:
+    async def tokenized(
+        self, client: str, n: int, tokenize: Callable[[], list[int]]
+    ) -> tuple[list[int], int]:
         """The prompt's ids (tokenized off the event loop) and the room the context leaves after them; on any
         failure the `n` admitted are given back."""
         try:
             prompt = await asyncio.get_running_loop().run_in_executor(self.tokenizing, tokenize)
             room = self.chat.max_context - len(prompt)
             if room <= 0:
-                raise Refused(400, f"the prompt is {len(prompt)} tokens; this model's context is "
-                                   f"{self.chat.max_context}", code="context_length_exceeded")
+                raise Refused(
+                    400,
+                    f"the prompt is {len(prompt)} tokens; this model's context is {self.chat.max_context}",
+                    code="context_length_exceeded",
+                )
         except BaseException:
             self.admission.leave(client, n)
             raise
@@ -386,25 +441,37 @@ class OpenAIServer:
         return {**one(entry.token, entry.logprob), "top_logprobs": [one(t, lp) for t, lp in entry.top]}
 
 
-def create_app(chat: LocalModel, *, token: str | None = None, log_path: str | None = None,
-               alert: AlertRule | None = None, limits: ServeLimits | None = None, metrics: Metrics | None = None):
+def create_app(
+    chat: LocalModel,
+    *,
+    token: str | None = None,
+    log_path: str | None = None,
+    alert: AlertRule | None = None,
+    limits: ServeLimits | None = None,
+    metrics: Metrics | None = None,
+):
     """The ASGI app of an `OpenAIServer` over `chat` (see `OpenAIServer.app`)."""
-    return OpenAIServer(chat, token=token, log_path=log_path, alert=alert, limits=limits, metrics=metrics).app()
+    return OpenAIServer(
+        chat, token=token, log_path=log_path, alert=alert, limits=limits, metrics=metrics
+    ).app()
 
 
 def check_exposure(host: str, token: str | None) -> None:
     """A non-loopback address needs a token (checked before anything is loaded)."""
     if token is None and not is_loopback(host):
-        raise TemperingError(f"refusing to serve on {host} without a token: set ${TOKEN_ENV} (or --token-file) to a "
-                             f"secret of at least {MIN_TOKEN_CHARS} characters and give it to clients as their API key")
+        raise TemperingError(
+            f"refusing to serve on {host} without a token: set ${TOKEN_ENV} (or --token-file) to a "
+            f"secret of at least {MIN_TOKEN_CHARS} characters and give it to clients as their API key"
+        )
 
 
 def check_address(host: str, port: int) -> None:
     """The server could listen on host:port - a host of this machine, no server there already - checked
     before anything is loaded (a model: minutes). The port's range is the CLI's `port_number`."""
     try:
-        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
-                                                             flags=socket.AI_PASSIVE)[0]
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
         with socket.socket(family, kind, proto) as probe:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
             probe.bind(address)
@@ -412,9 +479,17 @@ def check_address(host: str, port: int) -> None:
         raise TemperingError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
 
 
-def serve(chat: LocalModel, host: str = "127.0.0.1", port: int = 8000, *, token: str | None = None,
-          log_path: str | None = None, alert: AlertRule | None = None, limits: ServeLimits | None = None,
-          metrics: Metrics | None = None) -> None:
+def serve(
+    chat: LocalModel,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    *,
+    token: str | None = None,
+    log_path: str | None = None,
+    alert: AlertRule | None = None,
+    limits: ServeLimits | None = None,
+    metrics: Metrics | None = None,
+) -> None:
     """Serve until interrupted. Refuses a non-loopback address without a token."""
     import uvicorn
 

@@ -35,8 +35,18 @@ class Job:
     """One completion being generated (see the module docstring). The engine's thread writes it; the
     server's event loop reads it after `done` and may cancel it."""
 
-    def __init__(self, prompt: list[int], *, max_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
-                 seed: int = 0, stop: list[str] = (), logprobs: int | None = None, client: str = "?"):
+    def __init__(
+        self,
+        prompt: list[int],
+        *,
+        max_tokens: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        seed: int = 0,
+        stop: list[str] = (),
+        logprobs: int | None = None,
+        client: str = "?",
+    ):
         self.prompt, self.max_tokens, self.temperature, self.top_p = prompt, max_tokens, temperature, top_p
         self.seed, self.stop, self.logprobs, self.client = seed, [s for s in stop if s], logprobs, client
         self.ids: list[int] = []
@@ -47,9 +57,9 @@ class Job:
         self.handle: Handle | None = None
         self._cancel = threading.Event()
         self._listener: Callable[[str, list[TokenLogprob]], None] | None = None
-        self._sent = 0           # characters of `text` a listener has heard
-        self._reported = 0       # entries of `token_logprobs` a listener has heard
-        self._decoded = (0, 0)   # (prefix, read) offsets of the incremental decoder
+        self._sent = 0  # characters of `text` a listener has heard
+        self._reported = 0  # entries of `token_logprobs` a listener has heard
+        self._decoded = (0, 0)  # (prefix, read) offsets of the incremental decoder
         self._stops: set[int] = set()
         self._scan = StopScan(self.stop) if self.stop else None
         self._tokenizer = None
@@ -72,8 +82,15 @@ class Job:
     def submit(self, engine) -> None:
         """Hand the job to the engine; `done` completes (with the job) when the engine is done with it."""
         self._tokenizer, self._stops = engine.tokenizer, set(engine.stop_ids)
-        request = Request(self.prompt, self.max_tokens, self.temperature, self.top_p, self.seed,
-                          top_logprobs=0 if self.logprobs is None else max(1, self.logprobs), on_token=self._on_token)
+        request = Request(
+            self.prompt,
+            self.max_tokens,
+            self.temperature,
+            self.top_p,
+            self.seed,
+            top_logprobs=0 if self.logprobs is None else max(1, self.logprobs),
+            on_token=self._on_token,
+        )
         self.handle = engine.submit(request)
         if self._cancel.is_set():
             self.handle.cancel()
@@ -87,7 +104,9 @@ class Job:
         if token in self._stops:
             return False  # the engine ends the row; `_finished` closes the text
         if self.logprobs is not None:
-            self.token_logprobs.append(TokenLogprob(token, float(sampled.raw[row]), sampled.top[row][: self.logprobs]))
+            self.token_logprobs.append(
+                TokenLogprob(token, float(sampled.raw[row]), sampled.top[row][: self.logprobs])
+            )
         if self._listener is None and not self.stop:
             return False  # nobody reads the text before the end: it is decoded once then
         self._decode()
@@ -105,7 +124,9 @@ class Job:
             self.finish_reason = done.finish_reason
             ended = done.finish_reason == "stop" and bool(self.ids) and self.ids[-1] in self._stops
             if self._listener is None and not self.stop:
-                self.text = self._tokenizer.decode(self.ids[:-1] if ended else self.ids, skip_special_tokens=False)
+                self.text = self._tokenizer.decode(
+                    self.ids[:-1] if ended else self.ids, skip_special_tokens=False
+                )
             else:  # what the incremental decoder still holds (a partial character: U+FFFD, as decoded whole)
                 self._decode(len(self.ids) - ended, final=True)
                 if self._scan is not None:
@@ -122,7 +143,7 @@ class Job:
         before = self._tokenizer.decode(ids[: read - prefix], skip_special_tokens=False)
         now = self._tokenizer.decode(ids, skip_special_tokens=False)
         if len(now) > len(before) and (final or not now.endswith("\ufffd")):
-            self.text += now[len(before):]
+            self.text += now[len(before) :]
             self._decoded = (read, prefix + len(ids))
 
     def _cut_at_stop(self) -> bool:
@@ -140,7 +161,7 @@ class Job:
         end = len(self.text)
         if not final and self._scan is not None:  # hold back a tail that could still become a stop string
             end -= self._scan.held
-        delta, entries = self.text[self._sent: end], self.token_logprobs[self._reported:]
+        delta, entries = self.text[self._sent : end], self.token_logprobs[self._reported :]
         if delta or entries:
             self._sent, self._reported = max(self._sent, end), len(self.token_logprobs)
             self._listener(delta, entries)
@@ -167,7 +188,7 @@ class StopScan:
     def feed(self, text: str) -> int | None:
         """Advance over what `text` has past the characters seen so far; where the first stop string found
         begins (the earliest-beginning one where several end in the new text), or None."""
-        first, new, start = None, text[self.scanned:], self.scanned
+        first, new, start = None, text[self.scanned :], self.scanned
         for j, (stop, fallback) in enumerate(zip(self.stops, self.fallbacks)):
             k = self.states[j]
             for i, c in enumerate(new):

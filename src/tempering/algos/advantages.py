@@ -26,10 +26,10 @@ from tempering.algos.masked import masked_whiten
 
 def group_mean_std(rewards: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Per-sample mean, unbiased std and size of the sample's group. rewards (B,), group_ids (B,) -> 3 x (B,)."""
-    _, g = torch.unique(group_ids, return_inverse=True)            # (B,) dense group index
-    n = torch.bincount(g).to(rewards.dtype)                         # (num_groups,)
-    mean = torch.bincount(g, weights=rewards) / n                   # (num_groups,)
-    centred = rewards - mean[g]                                     # (B,)
+    _, g = torch.unique(group_ids, return_inverse=True)  # (B,) dense group index
+    n = torch.bincount(g).to(rewards.dtype)  # (num_groups,)
+    mean = torch.bincount(g, weights=rewards) / n  # (num_groups,)
+    centred = rewards - mean[g]  # (B,)
     var = torch.bincount(g, weights=centred**2) / (n - 1).clamp_min(1)
     return mean[g], var[g].sqrt(), n[g]
 
@@ -45,7 +45,7 @@ def last_token_rewards(rewards: Tensor, response_mask: Tensor, token_rewards: Te
     """Per-token rewards (B, T): `rewards` at each sequence's last response token, plus `token_rewards`.
     The mask may have gaps (a multi-turn episode's observation tokens): "last" is the last masked-in token."""
     steps = torch.arange(1, response_mask.shape[1] + 1, device=response_mask.device)
-    last = (response_mask * steps).argmax(-1)                       # (B,)
+    last = (response_mask * steps).argmax(-1)  # (B,)
     out = torch.zeros_like(response_mask, dtype=rewards.dtype)
     has = response_mask.sum(-1) > 0
     rows = torch.arange(len(rewards), device=rewards.device)[has]
@@ -69,14 +69,16 @@ def discounted_returns(token_rewards: Tensor, response_mask: Tensor, gamma: floa
 # --------------------------------------------------------------------------------- group baselines
 
 
-def grpo_advantages(rewards: Tensor, group_ids: Tensor, *, scale_by_std: bool = True, eps: float = 1e-6) -> Tensor:
+def grpo_advantages(
+    rewards: Tensor, group_ids: Tensor, *, scale_by_std: bool = True, eps: float = 1e-6
+) -> Tensor:
     """Group-relative advantages (Shao et al. 2024, arXiv 2402.03300); scale_by_std=False is Dr. GRPO
     (Liu et al. 2025, arXiv 2503.20783).
 
     rewards (B,), group_ids (B,) -> advantages (B,), broadcast over response tokens by the caller.
     """
     mean, std, _ = group_mean_std(rewards, group_ids)
-    adv = rewards - mean                                            # (B,)
+    adv = rewards - mean  # (B,)
     if scale_by_std:
         adv = adv / (std + eps)
     return adv
@@ -86,7 +88,7 @@ def grpo(x: AdvantageInputs, *, scale_by_std: bool = True, eps: float = 1e-6) ->
     """GRPO: A_i = (r_i - mean_group) / (std_group + eps) on every response token; returns = advantages."""
     r = sequence_rewards(x.rewards, x.response_mask, x.token_rewards)
     adv = grpo_advantages(r, x.group_ids, scale_by_std=scale_by_std, eps=eps)[:, None] * x.response_mask
-    return adv, adv                                                 # (B, T), (B, T)
+    return adv, adv  # (B, T), (B, T)
 
 
 def dr_grpo(x: AdvantageInputs, *, eps: float = 1e-6) -> tuple[Tensor, Tensor]:
@@ -153,7 +155,9 @@ def gae(x: AdvantageInputs, *, gamma: float = 1.0, lam: float = 0.95) -> tuple[T
     return adv * response_mask, returns
 
 
-AdvantageEstimator = Callable[..., tuple[Tensor, Tensor]]  # (AdvantageInputs, *, hyper) -> (advantages, returns)
+AdvantageEstimator = Callable[
+    ..., tuple[Tensor, Tensor]
+]  # (AdvantageInputs, *, hyper) -> (advantages, returns)
 
 ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {
     "grpo": grpo,

@@ -30,9 +30,15 @@ CORRECTIONS = ("none", "tis", "mis")
 
 
 @torch.no_grad()
-def rollout_correction(old_logprobs: Tensor, behaviour_logprobs: Tensor, mask: Tensor, *,
-                       mode: Literal["tis", "mis"], level: Literal["token", "sequence"] = "token",
-                       cap: float = 2.0) -> tuple[Tensor | None, Tensor, dict[str, float]]:
+def rollout_correction(
+    old_logprobs: Tensor,
+    behaviour_logprobs: Tensor,
+    mask: Tensor,
+    *,
+    mode: Literal["tis", "mis"],
+    level: Literal["token", "sequence"] = "token",
+    cap: float = 2.0,
+) -> tuple[Tensor | None, Tensor, dict[str, float]]:
     """(weights, loss mask, metrics) for ratios pi_old / mu, all (B, T). tis: the weights truncated at `cap`
     (zero off `mask`) and `mask` itself; mis: no weights (None) and `mask` less the tokens over `cap`.
     Metrics, over `mask` (the policy's tokens, rejected ones included): `mismatch/kl` (k3 estimate of
@@ -44,9 +50,9 @@ def rollout_correction(old_logprobs: Tensor, behaviour_logprobs: Tensor, mask: T
         raise ValueError(f"unknown correction level '{level}'; valid: token, sequence")
     if cap <= 0:
         raise ValueError(f"the correction cap must be > 0, not {cap}")
-    log_ratio = (old_logprobs - behaviour_logprobs) * mask                   # (B, T)
+    log_ratio = (old_logprobs - behaviour_logprobs) * mask  # (B, T)
     if level == "sequence":
-        per_sequence = log_ratio.sum(-1) / mask.sum(-1).clamp(min=1)         # (B,) log of the geometric mean
+        per_sequence = log_ratio.sum(-1) / mask.sum(-1).clamp(min=1)  # (B,) log of the geometric mean
         log_ratio = per_sequence[:, None].expand_as(log_ratio)
     ratio = torch.exp(log_ratio)
     over = ratio > cap

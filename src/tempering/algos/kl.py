@@ -35,12 +35,13 @@ def kl_k3(logprobs: Tensor, ref_logprobs: Tensor, clamp: float = 20.0) -> Tensor
 KL_ESTIMATORS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
 
 
-def kl_reward(logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor, *, coef: float,
-              estimator: str = "k3") -> tuple[Tensor, Tensor]:
+def kl_reward(
+    logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor, *, coef: float, estimator: str = "k3"
+) -> tuple[Tensor, Tensor]:
     """The KL to the reference as a per-token reward (InstructGPT's r - beta KL; `algo.kl_mode: reward`):
     logprobs, ref_logprobs, mask (B, T) -> (penalty -coef * KL_t (B, T), zero off `mask`; the mean KL per
     masked-in token, a scalar, which drives the adaptive coefficient)."""
-    kl = KL_ESTIMATORS[estimator](logprobs, ref_logprobs) * mask           # (B, T)
+    kl = KL_ESTIMATORS[estimator](logprobs, ref_logprobs) * mask  # (B, T)
     return -coef * kl, masked_mean(kl, mask)
 
 

@@ -92,11 +92,11 @@ def ppo_clip_loss(
     """
     advantages, mask = x.advantages, x.mask
     low, high = clip_range(clip_ratio, clip_ratio_low, clip_ratio_high)
-    log_ratio = x.logprobs - x.old_logprobs                                # (B, T)
+    log_ratio = x.logprobs - x.old_logprobs  # (B, T)
     ratio = torch.exp(log_ratio)
     unclipped = -advantages * ratio
     clipped = -advantages * ratio.clamp(1.0 - low, 1.0 + high)
-    losses = torch.maximum(unclipped, clipped)                           # (B, T)
+    losses = torch.maximum(unclipped, clipped)  # (B, T)
     dual = None
     if clip_ratio_c is not None:
         if clip_ratio_c <= 1.0:
@@ -108,21 +108,24 @@ def ppo_clip_loss(
     with torch.no_grad():
         metrics = {
             "pg_clipfrac": masked_mean((clipped > unclipped).float(), mask),
-            "ppo_kl": masked_mean(-log_ratio, mask),                     # approx KL(old || new), k1
+            "ppo_kl": masked_mean(-log_ratio, mask),  # approx KL(old || new), k1
         }
         if dual is not None:
             metrics["pg_clipfrac_lower"] = masked_mean(dual.float(), mask)
     return loss, metrics
 
 
-def vanilla_pg_loss(x: LossInputs, *, loss_agg: str = "token-mean",
-                    norm_length: int | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+def vanilla_pg_loss(
+    x: LossInputs, *, loss_agg: str = "token-mean", norm_length: int | None = None
+) -> tuple[Tensor, dict[str, Tensor]]:
     """Plain policy gradient: -A_t * r_t (equal to -A_t log pi at r = 1, with the same gradient)."""
     ratio = torch.exp(x.logprobs - x.old_logprobs)
     loss = aggregate(x.weighted(-x.advantages * ratio), x.mask, loss_agg, norm_length=norm_length)
     with torch.no_grad():
-        metrics = {"pg_clipfrac": x.logprobs.new_zeros(()),
-                   "ppo_kl": masked_mean(x.old_logprobs - x.logprobs, x.mask)}
+        metrics = {
+            "pg_clipfrac": x.logprobs.new_zeros(()),
+            "ppo_kl": masked_mean(x.old_logprobs - x.logprobs, x.mask),
+        }
     return loss, metrics
 
 
@@ -148,16 +151,18 @@ def gspo_loss(
     """
     low, high = clip_range(clip_ratio, clip_ratio_low, clip_ratio_high)
     log_ratio = x.logprobs - x.old_logprobs
-    seq_log_ratio = masked_mean(log_ratio, x.mask, dim=-1)                   # (B,) log s_i
+    seq_log_ratio = masked_mean(log_ratio, x.mask, dim=-1)  # (B,) log s_i
     log_s = (x.logprobs - x.logprobs.detach() + seq_log_ratio.detach().unsqueeze(-1)).clamp(max=10.0)
-    s = torch.exp(log_s)                                                    # (B, T): s_i, with token gradients
+    s = torch.exp(log_s)  # (B, T): s_i, with token gradients
     unclipped = -x.advantages * s
     clipped = -x.advantages * s.clamp(1.0 - low, 1.0 + high)
     losses = torch.maximum(unclipped, clipped)
     loss = aggregate(x.weighted(losses), x.mask, loss_agg, norm_length=norm_length)
     with torch.no_grad():
-        metrics = {"pg_clipfrac": masked_mean((clipped > unclipped).float(), x.mask),
-                   "ppo_kl": masked_mean(-log_ratio, x.mask)}
+        metrics = {
+            "pg_clipfrac": masked_mean((clipped > unclipped).float(), x.mask),
+            "ppo_kl": masked_mean(-log_ratio, x.mask),
+        }
     return loss, metrics
 
 
@@ -185,8 +190,10 @@ def cispo_loss(
     losses = -x.advantages * weight * x.logprobs
     loss = aggregate(x.weighted(losses), x.mask, loss_agg, norm_length=norm_length)
     with torch.no_grad():
-        metrics = {"pg_clipfrac": masked_mean((weight != ratio).float(), x.mask),
-                   "ppo_kl": masked_mean(-log_ratio, x.mask)}
+        metrics = {
+            "pg_clipfrac": masked_mean((weight != ratio).float(), x.mask),
+            "ppo_kl": masked_mean(-log_ratio, x.mask),
+        }
     return loss, metrics
 
 
@@ -203,13 +210,22 @@ POLICY_LOSSES: dict[str, PolicyLoss] = {
 # ----------------------------------------------------------------------------------- value loss
 
 
-def clipped_value_loss(values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor, *,
-                       clip_range: float = 0.2, loss_agg: str = "token-mean") -> tuple[Tensor, dict[str, Tensor]]:
+def clipped_value_loss(
+    values: Tensor,
+    old_values: Tensor,
+    returns: Tensor,
+    mask: Tensor,
+    *,
+    clip_range: float = 0.2,
+    loss_agg: str = "token-mean",
+) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO's clipped value loss: 0.5 * max((V - R)^2, (V_old + clip(V - V_old, -c, c) - R)^2)."""
     clipped = old_values + (values - old_values).clamp(-clip_range, clip_range)
     losses = 0.5 * torch.maximum((values - returns) ** 2, (clipped - returns) ** 2)
     loss = aggregate(losses, mask, loss_agg)
     with torch.no_grad():
-        metrics = {"vf_clipfrac": masked_mean(((clipped - returns) ** 2 > (values - returns) ** 2).float(), mask),
-                   "values/mean": masked_mean(values, mask)}
+        metrics = {
+            "vf_clipfrac": masked_mean(((clipped - returns) ** 2 > (values - returns) ** 2).float(), mask),
+            "values/mean": masked_mean(values, mask),
+        }
     return loss, metrics

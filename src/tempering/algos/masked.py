@@ -21,7 +21,7 @@ def masked_mean(values: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
 def sequence_mean(per_sequence: Tensor, mask: Tensor) -> Tensor:
     """Mean of per-sequence values (B,) over the rows with at least one token in `mask` (B, T) -> scalar;
     a fully masked row is left out of the count, as verl's `agg_loss` leaves it (0 if every row is)."""
-    rows = (mask.sum(-1) > 0).to(per_sequence.dtype)                         # (B,)
+    rows = (mask.sum(-1) > 0).to(per_sequence.dtype)  # (B,)
     return (per_sequence * rows).sum() / rows.sum().clamp_min(1.0)
 
 

@@ -67,7 +67,10 @@ def parse_manifest(data: bytes) -> tuple[dict[str, dict[str, Any]] | None, str |
         return None, f"MANIFEST.json names '{bad[0]}', outside the checkpoint directory"
     for rel, meta in files.items():
         if not _is_file_entry(meta):
-            return None, f"MANIFEST.json's entry for '{rel}' is not {{\"size\": bytes, \"sha256\": hex digest}}"
+            return (
+                None,
+                f'MANIFEST.json\'s entry for \'{rel}\' is not {{"size": bytes, "sha256": hex digest}}',
+            )
     if missing := [name for name in CORE_FILES if not _lists(files, name)]:
         return None, f"MANIFEST.json does not list '{missing[0]}' (every checkpoint has it)"
     return files, None
@@ -80,8 +83,13 @@ def _lists(files: dict[str, Any], name: str) -> bool:
 
 def _is_file_entry(meta: Any) -> bool:
     size, digest = (meta.get("size"), meta.get("sha256")) if isinstance(meta, dict) else (None, None)
-    return (type(size) is int and size >= 0 and isinstance(digest, str) and len(digest) == 64
-            and all(c in "0123456789abcdef" for c in digest))
+    return (
+        type(size) is int
+        and size >= 0
+        and isinstance(digest, str)
+        and len(digest) == 64
+        and all(c in "0123456789abcdef" for c in digest)
+    )
 
 
 def verify(directory: Path) -> str | None:
@@ -153,8 +161,12 @@ class Checkpoint:
 
     def load_into(self, optimizer: torch.optim.Optimizer, scheduler: Any) -> dict[str, Any]:
         """Restore optimizer, scheduler and global RNG states; returns the trainer state."""
-        optimizer.load_state_dict(torch.load(self.path / "optimizer.pt", map_location="cpu", weights_only=False))
-        scheduler.load_state_dict(torch.load(self.path / "scheduler.pt", map_location="cpu", weights_only=False))
+        optimizer.load_state_dict(
+            torch.load(self.path / "optimizer.pt", map_location="cpu", weights_only=False)
+        )
+        scheduler.load_state_dict(
+            torch.load(self.path / "scheduler.pt", map_location="cpu", weights_only=False)
+        )
         set_rng_state(torch.load(self.path / "rng.pt", weights_only=False))
         return self.trainer_state()
 
@@ -176,22 +188,41 @@ class Snapshot:
     extra: Callable[[Path], None] | None = None
 
 
-def snapshot(step: int, *, model: torch.nn.Module, tokenizer: Any, optimizer: torch.optim.Optimizer,
-             scheduler: Any, trainer_state: dict[str, Any], config_yaml: str,
-             extra: Callable[[Path], None] | None = None) -> Snapshot:
+def snapshot(
+    step: int,
+    *,
+    model: torch.nn.Module,
+    tokenizer: Any,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    trainer_state: dict[str, Any],
+    config_yaml: str,
+    extra: Callable[[Path], None] | None = None,
+) -> Snapshot:
     from tempering import __version__
 
     return Snapshot(
-        step=step, model=model, model_state=cpu_copy(adapter_state(model)),
-        tokenizer=tokenizer, optimizer_state=copy.deepcopy(optimizer.state_dict()),
-        scheduler_state=copy.deepcopy(scheduler.state_dict()), rng=rng_state(),
+        step=step,
+        model=model,
+        model_state=cpu_copy(adapter_state(model)),
+        tokenizer=tokenizer,
+        optimizer_state=copy.deepcopy(optimizer.state_dict()),
+        scheduler_state=copy.deepcopy(scheduler.state_dict()),
+        rng=rng_state(),
         trainer_state={"step": step, "tempering_version": __version__, **copy.deepcopy(trainer_state)},
-        config_yaml=config_yaml, extra=extra,
+        config_yaml=config_yaml,
+        extra=extra,
     )
 
 
-def write_snapshot(root: Path, snap: Snapshot, *, keep: int = 2, keep_every: int | None = None,
-                   protect: frozenset[str] = frozenset()) -> Checkpoint:
+def write_snapshot(
+    root: Path,
+    snap: Snapshot,
+    *,
+    keep: int = 2,
+    keep_every: int | None = None,
+    protect: frozenset[str] = frozenset(),
+) -> Checkpoint:
     """Write checkpoint `snap.step` under `root` atomically, point LATEST at it, prune old ones."""
     root.mkdir(parents=True, exist_ok=True)
     name = checkpoint_name(snap.step)
@@ -203,7 +234,9 @@ def write_snapshot(root: Path, snap: Snapshot, *, keep: int = 2, keep_every: int
         full = disk_full(e, tmp)  # asked before the half checkpoint gives its space back
         shutil.rmtree(tmp, ignore_errors=True)
         if full:
-            raise DiskFullError(f"the disk is full at {root} ({free_bytes(root) / 2**20:.1f} MiB free)") from e
+            raise DiskFullError(
+                f"the disk is full at {root} ({free_bytes(root) / 2**20:.1f} MiB free)"
+            ) from e
         raise
     if final.exists():  # re-saving a step after a resume: the new copy replaces the old
         shutil.rmtree(final)
@@ -228,13 +261,31 @@ def _write_files(tmp: Path, snap: Snapshot) -> None:
     _fsync_tree(tmp)
 
 
-def save_checkpoint(root: Path, step: int, *, model: torch.nn.Module, tokenizer: Any,
-                    optimizer: torch.optim.Optimizer, scheduler: Any, trainer_state: dict[str, Any],
-                    config_yaml: str, keep: int = 2, keep_every: int | None = None,
-                    extra: Callable[[Path], None] | None = None) -> Checkpoint:
+def save_checkpoint(
+    root: Path,
+    step: int,
+    *,
+    model: torch.nn.Module,
+    tokenizer: Any,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    trainer_state: dict[str, Any],
+    config_yaml: str,
+    keep: int = 2,
+    keep_every: int | None = None,
+    extra: Callable[[Path], None] | None = None,
+) -> Checkpoint:
     """Snapshot and write at once (the synchronous path)."""
-    snap = snapshot(step, model=model, tokenizer=tokenizer, optimizer=optimizer, scheduler=scheduler,
-                    trainer_state=trainer_state, config_yaml=config_yaml, extra=extra)
+    snap = snapshot(
+        step,
+        model=model,
+        tokenizer=tokenizer,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        trainer_state=trainer_state,
+        config_yaml=config_yaml,
+        extra=extra,
+    )
     return write_snapshot(root, snap, keep=keep, keep_every=keep_every)
 
 
@@ -270,13 +321,20 @@ def retained(step: int, steps: list[int], keep: int, keep_every: int | None) -> 
     return step in newest or bool(keep_every and step % keep_every == 0)
 
 
-def prune(root: Path, keep: int, keep_every: int | None = None, protect: frozenset[str] = frozenset()) -> None:
+def prune(
+    root: Path, keep: int, keep_every: int | None = None, protect: frozenset[str] = frozenset()
+) -> None:
     """Keep the newest `keep` checkpoints plus every `keep_every`-th step; never delete the one LATEST
     names, the newest one that verifies, or those in `protect` (e.g. one being uploaded)."""
     latest = (root / LATEST).read_text().strip() if (root / LATEST).is_file() else None
     steps = _steps(root)
-    doomed = [(s, p) for s, p in steps if not retained(s, [x for x, _ in steps], keep, keep_every)
-              and p.name != latest and p.name not in protect]
+    doomed = [
+        (s, p)
+        for s, p in steps
+        if not retained(s, [x for x, _ in steps], keep, keep_every)
+        and p.name != latest
+        and p.name not in protect
+    ]
     if doomed:
         newest_valid = next((p for _, p in steps if verify(p) is None), None)
         for _, path in doomed:
@@ -343,8 +401,13 @@ def owner_config(model_dir: Path) -> Path | None:
     RUN/sft/model, RUN/base, RUN/start); None for anything else: a config.yaml that merely lies nearby (a
     parent directory, the working directory) belongs to something else and is never read."""
     path = Path(model_dir).resolve()
-    for owner, rel in ((path, None), (path.parent, "model"), (path.parent, "base"), (path.parent, "start"),
-                       (path.parent.parent, "sft/model")):
+    for owner, rel in (
+        (path, None),
+        (path.parent, "model"),
+        (path.parent, "base"),
+        (path.parent, "start"),
+        (path.parent.parent, "sft/model"),
+    ):
         if rel is not None and path != owner / rel:
             continue
         is_checkpoint = (owner / MANIFEST).is_file()

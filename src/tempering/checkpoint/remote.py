@@ -45,8 +45,15 @@ def storage_options_from(config: dict[str, Any] | None) -> dict[str, Any]:
 
 
 class RemoteStore:
-    def __init__(self, uri: str, storage_options: dict[str, Any] | None = None, *, retries: int = 5,
-                 backoff_s: float = 1.0, log: Callable[[str], None] = print):
+    def __init__(
+        self,
+        uri: str,
+        storage_options: dict[str, Any] | None = None,
+        *,
+        retries: int = 5,
+        backoff_s: float = 1.0,
+        log: Callable[[str], None] = print,
+    ):
         import fsspec
 
         try:
@@ -65,9 +72,10 @@ class RemoteStore:
                 return fn()
             except Exception as e:  # storage clients raise many kinds; all are retried the same way
                 if attempt == self.retries:
-                    raise CheckpointError(f"{what} at {self.uri} failed after {attempt + 1} attempts: "
-                                          f"{type(e).__name__}: {e}") from None
-                time.sleep(self.backoff_s * 2 ** attempt)
+                    raise CheckpointError(
+                        f"{what} at {self.uri} failed after {attempt + 1} attempts: {type(e).__name__}: {e}"
+                    ) from None
+                time.sleep(self.backoff_s * 2**attempt)
         raise AssertionError("unreachable")
 
     # ------------------------------------------------------------------------------------- write
@@ -78,9 +86,13 @@ class RemoteStore:
         files = sorted(p for p in local_dir.rglob("*") if p.is_file() and p.name != MANIFEST)
         for path in files:
             rel = path.relative_to(local_dir).as_posix()
-            self.retry(f"uploading {name}/{rel}", lambda p=path, r=rel: self.fs.put_file(str(p), self._path(name, r)))
-        self.retry(f"uploading {name}/{MANIFEST}",
-                   lambda: self.fs.put_file(str(local_dir / MANIFEST), self._path(name, MANIFEST)))
+            self.retry(
+                f"uploading {name}/{rel}", lambda p=path, r=rel: self.fs.put_file(str(p), self._path(name, r))
+            )
+        self.retry(
+            f"uploading {name}/{MANIFEST}",
+            lambda: self.fs.put_file(str(local_dir / MANIFEST), self._path(name, MANIFEST)),
+        )
         self.retry(f"writing {LATEST}", lambda: self.fs.pipe_file(self._path(LATEST), (name + "\n").encode()))
         self.fs.invalidate_cache()
 
@@ -91,15 +103,20 @@ class RemoteStore:
         complete = [s for s in steps if self.has_manifest(s)]
         for step in steps:
             partial = step not in complete and protect is not None and step < protect
-            if (partial or (step in complete and not retained(step, complete, keep, keep_every))) and step != protect:
-                self.retry(f"deleting {checkpoint_name(step)}",
-                           lambda s=step: self.fs.rm(self._path(checkpoint_name(s)), recursive=True))
+            if (
+                partial or (step in complete and not retained(step, complete, keep, keep_every))
+            ) and step != protect:
+                self.retry(
+                    f"deleting {checkpoint_name(step)}",
+                    lambda s=step: self.fs.rm(self._path(checkpoint_name(s)), recursive=True),
+                )
         self.fs.invalidate_cache()
 
     # -------------------------------------------------------------------------------------- read
 
     def steps(self) -> list[int]:
         """Steps with a directory at the URI (complete or not), newest first."""
+
         def listing() -> list[str]:
             self.fs.invalidate_cache()
             return self.fs.ls(self.root, detail=False) if self.fs.exists(self.root) else []
@@ -108,7 +125,9 @@ class RemoteStore:
         return sorted((s for s in found if s is not None), reverse=True)
 
     def has_manifest(self, step: int) -> bool:
-        return self.retry("reading a manifest", lambda: self.fs.exists(self._path(checkpoint_name(step), MANIFEST)))
+        return self.retry(
+            "reading a manifest", lambda: self.fs.exists(self._path(checkpoint_name(step), MANIFEST))
+        )
 
     def download(self, step: int, local_root: Path) -> tuple[Path | None, str | None]:
         """Fetch checkpoint `step` into `local_root`, verify it; (its local path, None) or (None, why not)."""
@@ -124,7 +143,10 @@ class RemoteStore:
         for rel in files:
             (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
             try:
-                self.retry(f"downloading {name}/{rel}", lambda r=rel: self.fs.get_file(self._path(name, r), str(tmp / r)))
+                self.retry(
+                    f"downloading {name}/{rel}",
+                    lambda r=rel: self.fs.get_file(self._path(name, r), str(tmp / r)),
+                )
             except CheckpointError as e:
                 shutil.rmtree(tmp, ignore_errors=True)
                 return None, str(e)

@@ -22,8 +22,16 @@ from tempering.errors import CheckpointError, DiskFullError
 
 
 class Saver:
-    def __init__(self, root: Path, *, keep: int = 2, keep_every: int | None = None, remote: RemoteStore | None = None,
-                 asynchronous: bool = True, log: Callable[[str], None] = print):
+    def __init__(
+        self,
+        root: Path,
+        *,
+        keep: int = 2,
+        keep_every: int | None = None,
+        remote: RemoteStore | None = None,
+        asynchronous: bool = True,
+        log: Callable[[str], None] = print,
+    ):
         self.root, self.keep, self.keep_every, self.remote = root, keep, keep_every, remote
         self.asynchronous, self.log = asynchronous, log
         self.errors: list[str] = []
@@ -84,8 +92,11 @@ class Saver:
             ckpt = write_snapshot(self.root, snap, keep=self.keep, keep_every=self.keep_every, protect=pinned)
         except Exception as e:  # a full disk must not kill the run: report, keep training
             self.last_failure = e
-            self.errors.append(f"checkpoint step {snap.step} not saved: {e}" if isinstance(e, DiskFullError)
-                               else f"saving step {snap.step} failed: {type(e).__name__}: {e}")
+            self.errors.append(
+                f"checkpoint step {snap.step} not saved: {e}"
+                if isinstance(e, DiskFullError)
+                else f"saving step {snap.step} failed: {type(e).__name__}: {e}"
+            )
             self.log(f"[yellow]{escape(self.errors[-1])}; {self.kept()}[/]")  # torch's text has [brackets]
             return None
         self._upload_wanted.set()
@@ -95,7 +106,11 @@ class Saver:
         """What a resume would start from now, in words (torch's own writer, on a full disk, says only
         "unexpected pos": the messages say what is kept)."""
         latest = self.root / LATEST
-        return f"{LATEST} still names {latest.read_text().strip()}" if latest.is_file() else "no checkpoint is saved yet"
+        return (
+            f"{LATEST} still names {latest.read_text().strip()}"
+            if latest.is_file()
+            else "no checkpoint is saved yet"
+        )
 
     # ---------------------------------------------------------------------------------- uploading
 
@@ -117,7 +132,9 @@ class Saver:
             self._uploaded.add(latest.path.name)
             self.remote.prune(self.keep, self.keep_every, protect=latest.step)
         except CheckpointError as e:
-            self.errors.append(f"{e}; the checkpoint is kept locally and the upload retried with the next save")
+            self.errors.append(
+                f"{e}; the checkpoint is kept locally and the upload retried with the next save"
+            )
             self.log(f"[yellow]{escape(self.errors[-1])}[/]")
         finally:
             self._uploading = None
@@ -141,7 +158,9 @@ class Saver:
                 self._upload_newest()  # one more try: the run is ending
 
 
-def resume_point(root: Path, remote: RemoteStore | None, log: Callable[[str], None] = print) -> Checkpoint | None:
+def resume_point(
+    root: Path, remote: RemoteStore | None, log: Callable[[str], None] = print
+) -> Checkpoint | None:
     """The newest valid checkpoint, local or remote (downloaded into `root` when the remote one is newer).
     Partial or corrupt checkpoints are named in the log and skipped."""
     local, skipped = find_latest(root)

@@ -4,4 +4,13 @@ from tempering.data.generators import DOMAINS, generate_tasks
 from tempering.data.sampler import MixtureSampler, TaskSampler
 from tempering.data.tasks import function_key, load_tasks, save_tasks, split_stages
 
-__all__ = ["DOMAINS", "MixtureSampler", "TaskSampler", "generate_tasks", "load_tasks", "save_tasks", "split_stages", "function_key"]
+__all__ = [
+    "DOMAINS",
+    "MixtureSampler",
+    "TaskSampler",
+    "generate_tasks",
+    "load_tasks",
+    "save_tasks",
+    "split_stages",
+    "function_key",
+]

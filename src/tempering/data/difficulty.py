@@ -48,10 +48,14 @@ def load_pass_rates(path: str | Path) -> dict[str, float]:
         data: Any = json.loads(path.read_text())
         rates = {str(k): float(v["pass_rate"]) for k, v in data["families"].items()}
     except FileNotFoundError:
-        raise ConfigError(f"data.pass_rates: file '{path}' does not exist (write it with "
-                          "`tempering data pass-rates CONFIG --out FILE`)") from None
+        raise ConfigError(
+            f"data.pass_rates: file '{path}' does not exist (write it with "
+            "`tempering data pass-rates CONFIG --out FILE`)"
+        ) from None
     except (ValueError, KeyError, TypeError, AttributeError) as e:
-        raise ConfigError(f"data.pass_rates: '{path}' is not a pass-rates file ({type(e).__name__}: {e})") from None
+        raise ConfigError(
+            f"data.pass_rates: '{path}' is not a pass-rates file ({type(e).__name__}: {e})"
+        ) from None
     return rates
 
 

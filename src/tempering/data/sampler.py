@@ -41,7 +41,9 @@ class TaskSampler:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("num_tasks", len(self.tasks)) != len(self.tasks):
-            raise ValueError(f"sampler state is for {state['num_tasks']} tasks, this run has {len(self.tasks)}")
+            raise ValueError(
+                f"sampler state is for {state['num_tasks']} tasks, this run has {len(self.tasks)}"
+            )
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
         self._order = self._permutation(self.epoch)
 
@@ -83,8 +85,10 @@ class MixtureSampler:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if sorted(state.get("domains", {})) != self.domains:
-            raise ValueError(f"sampler state is for domains {sorted(state.get('domains', {}))}, "
-                             f"this run mixes {self.domains}")
+            raise ValueError(
+                f"sampler state is for domains {sorted(state.get('domains', {}))}, "
+                f"this run mixes {self.domains}"
+            )
         self.draws = int(state["draws"])
         for d, s in state["domains"].items():
             self.samplers[d].load_state_dict(s)

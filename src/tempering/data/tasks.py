@@ -58,7 +58,9 @@ def load_tasks(path: str | Path, columns: dict[str, str] | None = None) -> list[
         except (KeyError, TypeError, ValueError) as e:
             raise TaskFileError(f"{path}:{lineno}: invalid task: {e}") from None
         if task.id in seen:
-            raise TaskFileError(f"{path}:{lineno}: duplicate task id '{task.id}' (first on line {seen[task.id]})")
+            raise TaskFileError(
+                f"{path}:{lineno}: duplicate task id '{task.id}' (first on line {seen[task.id]})"
+            )
         seen[task.id] = lineno
         tasks.append(task)
     if not tasks:
@@ -77,8 +79,10 @@ def _records(path: Path) -> Iterator[tuple[int, Any]]:
         if path.is_dir():
             files = sorted(path.glob("*.arrow"))
             if not files:
-                raise TaskFileError(f"task directory '{path}' has no *.arrow files (a datasets save_to_disk "
-                                    "directory; for a DatasetDict name the split's directory)")
+                raise TaskFileError(
+                    f"task directory '{path}' has no *.arrow files (a datasets save_to_disk "
+                    "directory; for a DatasetDict name the split's directory)"
+                )
             rows = [r for f in files for r in pyarrow.ipc.open_stream(f).read_all().to_pylist()]
         else:
             try:
@@ -94,13 +98,17 @@ def _records(path: Path) -> Iterator[tuple[int, Any]]:
             try:
                 yield lineno, json.loads(line)
             except json.JSONDecodeError as e:
-                raise TaskFileError(f"{path}:{lineno}: not valid JSON ({e.msg} at column {e.colno})") from None
+                raise TaskFileError(
+                    f"{path}:{lineno}: not valid JSON ({e.msg} at column {e.colno})"
+                ) from None
 
 
 def _task_fields(record: dict[str, Any], columns: dict[str, str], row: int) -> dict[str, Any]:
     """A record's task fields: `columns` (task field -> file column) applied, verl-style rows converted."""
-    record = {**{k: v for k, v in record.items() if k not in columns.values()},
-              **{field: record[column] for field, column in columns.items() if column in record}}
+    record = {
+        **{k: v for k, v in record.items() if k not in columns.values()},
+        **{field: record[column] for field, column in columns.items() if column in record},
+    }
     if "reward_model" not in record:
         return record
     messages, truth = record["prompt"], (record["reward_model"] or {}).get("ground_truth")
@@ -110,9 +118,12 @@ def _task_fields(record: dict[str, Any], columns: dict[str, str], row: int) -> d
         messages = [{"role": "user", "content": messages}]
     extra = dict(record.get("extra_info") or {})
     source = str(record.get("data_source") or "verl")
-    task = {"id": str(extra.get("id", f"{source}-{extra.get('index', row - 1)}")), "domain": source,
-            "prompt": "\n\n".join(m["content"] for m in messages if m["role"] in ("system", "user")),
-            "metadata": {"extra_info": extra, "data_source": source}}
+    task = {
+        "id": str(extra.get("id", f"{source}-{extra.get('index', row - 1)}")),
+        "domain": source,
+        "prompt": "\n\n".join(m["content"] for m in messages if m["role"] in ("system", "user")),
+        "metadata": {"extra_info": extra, "data_source": source},
+    }
     if isinstance(truth, str) and truth.lstrip().startswith("{"):
         try:
             truth = json.loads(truth)
@@ -120,8 +131,10 @@ def _task_fields(record: dict[str, Any], columns: dict[str, str], row: int) -> d
             pass
     if isinstance(truth, dict) and "inputs" in truth and "outputs" in truth:
         name = truth.get("fn_name")
-        tests = [{"input": i if isinstance(i, list) else [i], "output": o} if name else {"stdin": i, "stdout": o}
-                 for i, o in zip(truth["inputs"], truth["outputs"], strict=True)]
+        tests = [
+            {"input": i if isinstance(i, list) else [i], "output": o} if name else {"stdin": i, "stdout": o}
+            for i, o in zip(truth["inputs"], truth["outputs"], strict=True)
+        ]
         return {**task, "env": "code", "entry_point": name, "tests": tests}
     return {**task, "env": "answer", "answer": truth, "reference_solution": str(truth)}
 

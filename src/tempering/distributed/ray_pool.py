@@ -59,8 +59,13 @@ def start_ray(address: str | None, num_cpus: int | None) -> reaper.Watcher | Non
     Config.initialize("")
     watcher = reaper.Watcher()
     try:
-        ray.init(num_cpus=num_cpus or os.cpu_count(), include_dashboard=False, log_to_driver=False,
-                 configure_logging=False, _temp_dir=watcher.root)
+        ray.init(
+            num_cpus=num_cpus or os.cpu_count(),
+            include_dashboard=False,
+            log_to_driver=False,
+            configure_logging=False,
+            _temp_dir=watcher.root,
+        )
     except BaseException:
         watcher.close()
         raise
@@ -79,7 +84,9 @@ def stop_ray(watcher: reaper.Watcher | None) -> None:
 
 @ray.remote(max_restarts=-1, max_task_retries=0)
 class RolloutWorker:
-    def __init__(self, cfg_yaml: str, init: list, load: Callable | None = None, sandboxes: list | None = None):
+    def __init__(
+        self, cfg_yaml: str, init: list, load: Callable | None = None, sandboxes: list | None = None
+    ):
         import yaml
 
         from tempering.distributed.source import RolloutSource
@@ -88,8 +95,11 @@ class RolloutWorker:
         cfg = RunConfig.model_validate(yaml.safe_load(cfg_yaml))
         configure(cfg.run.threads)  # Ray sets OMP threads from num_cpus; same floats need the same
         self.model, tokenizer = ray.get(init[0])
-        self.sandbox = RaySandbox(sandboxes, sandbox_limits(cfg), cfg.distributed.max_retries) if sandboxes \
+        self.sandbox = (
+            RaySandbox(sandboxes, sandbox_limits(cfg), cfg.distributed.max_retries)
+            if sandboxes
             else make_sandbox(cfg)
+        )
         self.source = RolloutSource(cfg, self.model, tokenizer, self.sandbox, version=-1)
         self.load, self.loaded = load or load_numpy, None
 
@@ -129,8 +139,9 @@ class RayPool:
     load: Callable | None = None
     """How workers load published arrays into their model (None: `weights.load_numpy`); tests sabotage it."""
 
-    def __init__(self, cfg: RunConfig, model: torch.nn.Module, tokenizer, probe: canary.Probe, *, reference,
-                 log=print):
+    def __init__(
+        self, cfg: RunConfig, model: torch.nn.Module, tokenizer, probe: canary.Probe, *, reference, log=print
+    ):
         """`reference`: the driver's own engine over the trainer's policy (the canary's expected values)."""
         d, ro = cfg.distributed, cfg.rollout
         self.cfg, self.probe, self.reference, self.log = cfg, probe, reference, log
@@ -138,10 +149,12 @@ class RayPool:
         self.cluster = start_ray(d.address, d.num_cpus)
         self.init = ray.put((model, tokenizer))
         # CPU-less: the executions they run are what uses CPU, and they must never wait for a rollout worker's slot
-        self.sandboxes = [SandboxActor.options(num_cpus=0).remote(cfg.to_yaml()) for _ in range(d.sandbox_actors)]
+        self.sandboxes = [
+            SandboxActor.options(num_cpus=0).remote(cfg.to_yaml()) for _ in range(d.sandbox_actors)
+        ]
         self.args = (cfg.to_yaml(), [self.init], self.load, self.sandboxes)
         self.workers: list = []
-        self.busy: list[_Shard | None] = []   # per worker: the shard it runs (one at a time)
+        self.busy: list[_Shard | None] = []  # per worker: the shard it runs (one at a time)
         self.starting: list[ray.ObjectRef | None] = []  # per worker: its first answer, until it came
         self.idle_since: list[float] = []
         self.queue: deque[_Shard] = deque()
@@ -187,8 +200,12 @@ class RayPool:
             self.log(f"scale up: {n} -> {n + 1} rollout workers (backlog {backlog_checks[-1]} shards)")
             self._add("dist/scale_ups", 1)
             backlog_checks.clear()
-        elif (n > self.min_workers and self.busy[-1] is None and not self.queue
-              and time.monotonic() - self.idle_since[-1] >= d.scale_down_idle_s):
+        elif (
+            n > self.min_workers
+            and self.busy[-1] is None
+            and not self.queue
+            and time.monotonic() - self.idle_since[-1] >= d.scale_down_idle_s
+        ):
             self._retire_worker()
             self.log(f"scale down: {n} -> {n - 1} rollout workers (idle {d.scale_down_idle_s:g} s)")
             self._add("dist/scale_downs", 1)
@@ -270,18 +287,24 @@ class RayPool:
             while True:
                 while not shard.sent.wait(1.0):
                     if self.failure is not None:
-                        raise RuntimeError(f"the shard dispatcher stopped: {self.failure!r}") from self.failure
+                        raise RuntimeError(
+                            f"the shard dispatcher stopped: {self.failure!r}"
+                        ) from self.failure
                 try:
                     rollout, check, sandbox_retries = ray.get(shard.future)
                     break
                 except DIED as e:
                     if shard.attempts >= self.cfg.distributed.max_retries:
-                        raise RuntimeError(f"shard {shard.spec.key} failed {shard.attempts + 1} times; last: {e}") from e
+                        raise RuntimeError(
+                            f"shard {shard.spec.key} failed {shard.attempts + 1} times; last: {e}"
+                        ) from e
                     self.log(f"rollout worker {shard.worker} died during shard {shard.spec.key}: re-sent")
                     with self.lock:
                         self._add("dist/shard_retries", 1)
                         self.last_checked.pop(shard.worker, None)
-                        if shard.worker < len(self.workers):  # no more shards for it until Ray has restarted it
+                        if shard.worker < len(
+                            self.workers
+                        ):  # no more shards for it until Ray has restarted it
                             self.starting[shard.worker] = self.workers[shard.worker].pid.remote()
                         shard.attempts += 1
                         shard.sent.clear()
@@ -298,18 +321,34 @@ class RayPool:
         mine, my_prints = self.expected[version]
         last = self.last_checked.get(worker)  # (version, the worker's probe then)
         before = last is not None and last[0] in self.expected
-        diff = canary.check(f"rollout worker {worker}", version, mine, theirs, self.cfg.distributed.canary_tol,
-                            mine_before=self.expected[last[0]][0] if before else None,
-                            theirs_before=last[1] if before else None, my_prints=my_prints, their_prints=prints)
+        diff = canary.check(
+            f"rollout worker {worker}",
+            version,
+            mine,
+            theirs,
+            self.cfg.distributed.canary_tol,
+            mine_before=self.expected[last[0]][0] if before else None,
+            theirs_before=last[1] if before else None,
+            my_prints=my_prints,
+            their_prints=prints,
+        )
         self.last_checked[worker] = version, theirs
-        self.step_metrics["sync/canary_max_abs_diff"] = max(self.step_metrics.get("sync/canary_max_abs_diff", 0.0),
-                                                            diff)
+        self.step_metrics["sync/canary_max_abs_diff"] = max(
+            self.step_metrics.get("sync/canary_max_abs_diff", 0.0), diff
+        )
 
     def metrics(self) -> dict[str, float]:
         """This step's pool figures (and reset them)."""
         with self.lock:
-            out = {"dist/workers": float(len(self.workers)), "dist/backlog": float(len(self.queue)),
-                   "dist/shard_retries": 0.0, "dist/sandbox_retries": 0.0, "dist/scale_ups": 0.0, "dist/scale_downs": 0.0, **self.step_metrics}
+            out = {
+                "dist/workers": float(len(self.workers)),
+                "dist/backlog": float(len(self.queue)),
+                "dist/shard_retries": 0.0,
+                "dist/sandbox_retries": 0.0,
+                "dist/scale_ups": 0.0,
+                "dist/scale_downs": 0.0,
+                **self.step_metrics,
+            }
             self.step_metrics = {}
         return out
 

@@ -46,8 +46,12 @@ class TrainerActor:
         configure(cfg.run.threads)  # Ray sets OMP threads from num_cpus
         algo = cfg.algo
         policy, optimizer_state, critic, critic_optimizer_state = ray.get(init[0])
-        self.models = Replica(policy, make_optimizer(policy, lr=algo.lr, weight_decay=algo.weight_decay), critic,
-                              make_optimizer(critic, lr=algo.critic.lr) if critic is not None else None)
+        self.models = Replica(
+            policy,
+            make_optimizer(policy, lr=algo.lr, weight_decay=algo.weight_decay),
+            critic,
+            make_optimizer(critic, lr=algo.critic.lr) if critic is not None else None,
+        )
         self.models.optimizer.load_state_dict(optimizer_state)
         if critic is not None:
             self.models.critic_optimizer.load_state_dict(critic_optimizer_state)
@@ -62,8 +66,17 @@ class TrainerActor:
         """One step's update on this rank's parts; -> fingerprints of the policy (and critic) after it."""
         for group, value in zip(self.models.optimizer.param_groups, lr):
             group["lr"] = value
-        update_models(self.cfg, self.models, ray.get(batch[0]), step, loss=self.loss, settings=self.settings,
-                      kl_coef=kl_coef, timer=Timer(), dp=self.dp)
+        update_models(
+            self.cfg,
+            self.models,
+            ray.get(batch[0]),
+            step,
+            loss=self.loss,
+            settings=self.settings,
+            kl_coef=kl_coef,
+            timer=Timer(),
+            dp=self.dp,
+        )
         critic = self.models.critic
         return fingerprints(self.models.policy), None if critic is None else fingerprints(critic)
 
@@ -82,14 +95,24 @@ class TrainerGroup:
     def __init__(self, cfg: RunConfig, state, log=print):
         d = cfg.distributed
         self.cfg, self.size, self.log = cfg, d.trainers, log
-        init = ray.put((state.policy, state.optimizer.state_dict(), state.critic,
-                        None if state.critic is None else state.critic_optimizer.state_dict()))
+        init = ray.put(
+            (
+                state.policy,
+                state.optimizer.state_dict(),
+                state.critic,
+                None if state.critic is None else state.critic_optimizer.state_dict(),
+            )
+        )
         gpus = 1 if cfg.run.device.startswith("cuda") else 0
-        self.actors = [TrainerActor.options(num_cpus=d.trainer_cpus, num_gpus=gpus).remote(cfg.to_yaml(), [init], r)
-                       for r in range(1, self.size)]
+        self.actors = [
+            TrainerActor.options(num_cpus=d.trainer_cpus, num_gpus=gpus).remote(cfg.to_yaml(), [init], r)
+            for r in range(1, self.size)
+        ]
         self.directory, master = None, None
         try:
-            ray.get([a.pid.remote() for a in self.actors])  # each has its replica (or its error surfaces here)
+            ray.get(
+                [a.pid.remote() for a in self.actors]
+            )  # each has its replica (or its error surfaces here)
             if d.address:  # several nodes may be involved: meet at rank 0's TCP store
                 from torch.distributed import TCPStore
 
@@ -122,8 +145,12 @@ class TrainerGroup:
         if d.canary_every and step % d.canary_every == 0:
             compare_replicas(fingerprints(models.policy), {r: p for r, (p, _) in enumerate(results, 1)}, step)
             if models.critic is not None:
-                compare_replicas(fingerprints(models.critic), {r: c for r, (_, c) in enumerate(results, 1)}, step,
-                                 what="critic")
+                compare_replicas(
+                    fingerprints(models.critic),
+                    {r: c for r, (_, c) in enumerate(results, 1)},
+                    step,
+                    what="critic",
+                )
         seconds, self.allreduce_s = self.dp.seconds - self.allreduce_s, self.dp.seconds
         return metrics | {"dist/trainers": float(self.size), "timing_s/allreduce": seconds}
 
@@ -132,8 +159,10 @@ class TrainerGroup:
             try:
                 ray.get(future, timeout=10)
             except ray.exceptions.RayActorError as e:
-                return TrainerDied(f"trainer rank {rank} died during step {step} ({type(e).__name__}); the run "
-                                   "stops here and resumes from its last checkpoint when run again")
+                return TrainerDied(
+                    f"trainer rank {rank} died during step {step} ({type(e).__name__}); the run "
+                    "stops here and resumes from its last checkpoint when run again"
+                )
             except Exception:  # noqa: BLE001 - not this rank
                 continue
         return error

@@ -29,9 +29,11 @@ class Watcher:
 
     def __init__(self) -> None:
         self.root = tempfile.mkdtemp(prefix="tempering-ray-")
-        self.process = subprocess.Popen([sys.executable, "-S", __file__, self.root, str(os.getpid())],
-                                        stdin=subprocess.PIPE,
-                                        start_new_session=True)  # the driver's Ctrl-C reaches Ray, not this
+        self.process = subprocess.Popen(
+            [sys.executable, "-S", __file__, self.root, str(os.getpid())],
+            stdin=subprocess.PIPE,
+            start_new_session=True,
+        )  # the driver's Ctrl-C reaches Ray, not this
 
     def close(self) -> None:
         """Kill what is left of the cluster (after `ray.shutdown`, normally nothing) and end the watcher."""

@@ -46,10 +46,12 @@ class RaySandbox(Sandbox):
         self.retries = 0
         """Parts of batches re-sent because their actor died (the pool reports them as `dist/sandbox_retries`)."""
 
-    def execute_many(self, requests: list[ExecRequest], *, concurrency: int | None = None) -> list[dict[str, Any]]:
+    def execute_many(
+        self, requests: list[ExecRequest], *, concurrency: int | None = None
+    ) -> list[dict[str, Any]]:
         n = len(self.actors)
         bounds = [len(requests) * j // n for j in range(n + 1)]
-        parts = [(j, requests[bounds[j]: bounds[j + 1]]) for j in range(n) if bounds[j] < bounds[j + 1]]
+        parts = [(j, requests[bounds[j] : bounds[j + 1]]) for j in range(n) if bounds[j] < bounds[j + 1]]
         sent = [(j, part, self.actors[j].execute_many.remote(part, concurrency)) for j, part in parts]
         results: list[dict[str, Any]] = []
         for j, part, future in sent:
@@ -59,7 +61,9 @@ class RaySandbox(Sandbox):
                     break
                 except DIED as e:
                     if attempt == self.max_retries:
-                        raise RuntimeError(f"sandbox actors died {attempt + 1} times on one batch; last: {e}") from e
+                        raise RuntimeError(
+                            f"sandbox actors died {attempt + 1} times on one batch; last: {e}"
+                        ) from e
                     self.retries += 1
                     j = (j + 1) % n
                     future = self.actors[j].execute_many.remote(part, concurrency)

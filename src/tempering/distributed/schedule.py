@@ -46,20 +46,36 @@ class ShardSpec:
         return self.step, self.round, self.shard
 
 
-def shard_specs(step: int, round_: int, tasks: list[Task], shards: int, seed: int, version: int) -> list[ShardSpec]:
+def shard_specs(
+    step: int, round_: int, tasks: list[Task], shards: int, seed: int, version: int
+) -> list[ShardSpec]:
     """Cut a round's tasks into `shards` contiguous slices (sizes differ by at most one). Shard j samples with
     generator seed step_seed(...) + j * 1_000_000_007 (shard 0: the synchronous loop's own seed)."""
     generator = step_seed(seed, step, 0 if round_ == 0 else 10 + round_)
     env = step_seed(seed, step, 4 + round_)
     bounds = [len(tasks) * j // shards for j in range(shards + 1)]
-    return [ShardSpec(step, round_, j, tuple(tasks[bounds[j]: bounds[j + 1]]), bounds[j],
-                      generator + j * 1_000_000_007, env, version)
-            for j in range(shards) if bounds[j] < bounds[j + 1]]
+    return [
+        ShardSpec(
+            step,
+            round_,
+            j,
+            tuple(tasks[bounds[j] : bounds[j + 1]]),
+            bounds[j],
+            generator + j * 1_000_000_007,
+            env,
+            version,
+        )
+        for j in range(shards)
+        if bounds[j] < bounds[j + 1]
+    ]
 
 
 def staleness_metrics(step: int, versions: torch.Tensor) -> dict[str, float]:
     """`async/staleness/{min,mean,max}`: how many updates behind the trained policy each sample's sampler was
     (step - 1 - its version)."""
     lag = (step - 1 - versions).float()
-    return {"async/staleness/min": float(lag.min()), "async/staleness/mean": float(lag.mean()),
-            "async/staleness/max": float(lag.max())}
+    return {
+        "async/staleness/min": float(lag.min()),
+        "async/staleness/mean": float(lag.mean()),
+        "async/staleness/max": float(lag.max()),
+    }

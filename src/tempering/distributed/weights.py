@@ -17,7 +17,9 @@ def to_numpy(model: torch.nn.Module) -> dict[str, np.ndarray]:
     out = {}
     for name, p in trained(model).items():
         t = p.detach().cpu()
-        out[name] = (t.view(torch.int16) if t.dtype == torch.bfloat16 else t).numpy()  # a view: ray.put copies it into the store
+        out[name] = (
+            t.view(torch.int16) if t.dtype == torch.bfloat16 else t
+        ).numpy()  # a view: ray.put copies it into the store
     return out
 
 

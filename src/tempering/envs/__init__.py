@@ -22,5 +22,14 @@ from tempering.envs.base import (
     register,
 )
 
-__all__ = ["ENVIRONMENTS", "EnvContext", "Environment", "Step", "clip_middle", "env_context",
-           "environment_class", "make_env", "register"]
+__all__ = [
+    "ENVIRONMENTS",
+    "EnvContext",
+    "Environment",
+    "Step",
+    "clip_middle",
+    "env_context",
+    "environment_class",
+    "make_env",
+    "register",
+]

@@ -133,26 +133,44 @@ def arithmetic_task(rng: random.Random, index: int) -> Task:
     a, b, c = rng.randint(1, 20), rng.randint(1, 20), rng.randint(1, 9)
     op1, op2 = rng.choice("+-*"), rng.choice("+-")
     expression = f"{a}{op1}{b}{op2}{c}"
-    return Task(id=f"arith-{index}", domain="arithmetic", env="answer", prompt=f"Compute: {expression}\nAnswer: ",
-                answer=eval(expression), reference_solution=str(eval(expression)))  # noqa: S307 (our own digits)
+    return Task(
+        id=f"arith-{index}",
+        domain="arithmetic",
+        env="answer",
+        prompt=f"Compute: {expression}\nAnswer: ",
+        answer=eval(expression),
+        reference_solution=str(eval(expression)),
+    )  # noqa: S307 (our own digits)
 
 
 def countdown_task(rng: random.Random, index: int) -> Task:
     numbers = [rng.randint(1, 12) for _ in range(3)]
     a, b, c = numbers
-    expression = rng.choice([f"{a}+{b}+{c}", f"{a}*{b}+{c}", f"{a}*{b}-{c}", f"{a}+{b}*{c}", f"({a}+{b})*{c}"])
+    expression = rng.choice(
+        [f"{a}+{b}+{c}", f"{a}*{b}+{c}", f"{a}*{b}-{c}", f"{a}+{b}*{c}", f"({a}+{b})*{c}"]
+    )
     target = eval(expression)  # noqa: S307 (our own digits)
     shown = rng.sample(numbers, 3)
-    prompt = f"Numbers: {' '.join(map(str, shown))}. Target: {target}. {COUNTDOWN_RULES.capitalize()}.\nAnswer: "
-    return Task(id=f"countdown-{index}", domain="countdown", env="answer", prompt=prompt, answer=target,
-                reference_solution=expression, metadata={"checker": "countdown", "numbers": numbers, "target": target})
+    prompt = (
+        f"Numbers: {' '.join(map(str, shown))}. Target: {target}. {COUNTDOWN_RULES.capitalize()}.\nAnswer: "
+    )
+    return Task(
+        id=f"countdown-{index}",
+        domain="countdown",
+        env="answer",
+        prompt=prompt,
+        answer=target,
+        reference_solution=expression,
+        metadata={"checker": "countdown", "numbers": numbers, "target": target},
+    )
 
 
 MAKERS = {"arithmetic": arithmetic_task, "countdown": countdown_task}
 
 
-def generate_answer_tasks(num_train: int, num_heldout: int, seed: int,
-                          domains: list[str] | None = None) -> tuple[list[Task], list[Task]]:
+def generate_answer_tasks(
+    num_train: int, num_heldout: int, seed: int, domains: list[str] | None = None
+) -> tuple[list[Task], list[Task]]:
     """Arithmetic and Countdown tasks (round-robin over `domains`); held-out prompts never occur in training."""
     domains = domains or list(MAKERS)
     unknown = set(domains) - set(MAKERS)

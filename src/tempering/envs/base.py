@@ -52,9 +52,19 @@ class Step(NamedTuple):
 
     def as_turn(self, action: str, *, ended: bool = True, tokens: int = 0, computed: int = 0) -> Turn:
         """The record of `action` and this step's outcome (its observation is the driver's to set)."""
-        return Turn(action, None, dict(self.rewards), dict(self.info), ended=ended, tokens=tokens,
-                    computed=computed, success=self.success, attempt=self.attempt, passed=self.passed,
-                    hacking=list(self.hacking))
+        return Turn(
+            action,
+            None,
+            dict(self.rewards),
+            dict(self.info),
+            ended=ended,
+            tokens=tokens,
+            computed=computed,
+            success=self.success,
+            attempt=self.attempt,
+            passed=self.passed,
+            hacking=list(self.hacking),
+        )
 
 
 @dataclass
@@ -85,9 +95,16 @@ def env_context(cfg: RunConfig, sandbox: Any, needs: set[str] | frozenset[str] =
     """What the environments of a run get: the sandbox, `env.*`, the reward-hacking guard settings and what
     the reward functions need from an execution (`RewardFunction.needs`)."""
     e, r = cfg.env, cfg.reward
-    return EnvContext(sandbox=sandbox, max_turns=e.max_turns, feedback_chars=e.feedback_chars,
-                      needs=frozenset(needs), guards=r.guards, guard_kinds=r.guard_kinds,
-                      partial=(r.params.get("tests") or {}).get("partial", "always"), options=e.options.model_dump())
+    return EnvContext(
+        sandbox=sandbox,
+        max_turns=e.max_turns,
+        feedback_chars=e.feedback_chars,
+        needs=frozenset(needs),
+        guards=r.guards,
+        guard_kinds=r.guard_kinds,
+        partial=(r.params.get("tests") or {}).get("partial", "always"),
+        options=e.options.model_dump(),
+    )
 
 
 class Environment(ABC):
@@ -115,7 +132,9 @@ class Environment(ABC):
         """Apply one policy action."""
 
     @classmethod
-    def step_batch(cls, envs: list[Environment], actions: list[str], pool: Executor | None = None) -> list[Step]:
+    def step_batch(
+        cls, envs: list[Environment], actions: list[str], pool: Executor | None = None
+    ) -> list[Step]:
         """Step many environments of this kind on their actions (the rollout driver's call). The default
         steps each one, in `pool`'s threads when given; environments whose steps share work (the code
         environment: one sandbox batch, one linter run) override it."""

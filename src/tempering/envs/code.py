@@ -77,15 +77,18 @@ class CodeEnv(Environment):
         ctx = envs[0].ctx
         needs = ctx.needs
         programs = [program_of(env.task, action) for env, action in zip(envs, actions)]
-        unique: dict[tuple[str, str], int] = {}   # (task id, program) -> index of its execution
-        runs: list[int] = []                       # the env whose program each execution runs
+        unique: dict[tuple[str, str], int] = {}  # (task id, program) -> index of its execution
+        runs: list[int] = []  # the env whose program each execution runs
         for k, (env, program) in enumerate(zip(envs, programs)):
             if (env.task.id, program) not in unique:
                 unique[(env.task.id, program)] = len(runs)
                 runs.append(k)
         results = ctx.sandbox.run_tests_batch([(with_examples(envs[k].task), programs[k]) for k in runs])
-        lint = lint_findings([programs[k] if envs[k].task.language == "python" else None for k in runs]) \
-            if "lint" in needs else [None] * len(runs)
+        lint = (
+            lint_findings([programs[k] if envs[k].task.language == "python" else None for k in runs])
+            if "lint" in needs
+            else [None] * len(runs)
+        )
         reference = reference_times(ctx, [env.task for env in envs]) if "reference" in needs else {}
         steps = []
         for env, program in zip(envs, programs):
@@ -93,7 +96,9 @@ class CodeEnv(Environment):
             steps.append(env.judge(program, results[i], lint[i], reference.get(env.task.id)))
         return steps
 
-    def judge(self, program: str, result: ExecResult, lint: int | None, reference_cpu_s: float | None) -> Step:
+    def judge(
+        self, program: str, result: ExecResult, lint: int | None, reference_cpu_s: float | None
+    ) -> Step:
         """One attempt's verdict: the attempt itself (the Attempt the reward components read), its score as
         the `tests` reward gives it, the process component `improvement`, guard detections, and the feedback
         when another attempt follows."""
@@ -101,20 +106,37 @@ class CodeEnv(Environment):
         self.turn += 1
         n = len(task.tests)
         hidden, examples = split_examples(result, n)
-        completion = program[len(task.prompt):] if program.startswith(task.prompt) else program
-        attempt = Attempt(task=task, group_id=self.group_id, completion=completion, truncated=False,
-                          exec_result=hidden, example_result=examples, lint_findings=lint,
-                          reference_cpu_s=reference_cpu_s)
+        completion = program[len(task.prompt) :] if program.startswith(task.prompt) else program
+        attempt = Attempt(
+            task=task,
+            group_id=self.group_id,
+            completion=completion,
+            truncated=False,
+            exec_result=hidden,
+            example_result=examples,
+            lint_findings=lint,
+            reference_cpu_s=reference_cpu_s,
+        )
         hacks = detect(task, attempt, self.ctx.guard_kinds)
         caught = bool(hacks) and self.ctx.guards
         score = 0.0 if caught else tests_passed(task, attempt, partial=self.ctx.partial)
         improvement, self.previous = score - self.previous, score
         success = hidden.all_passed and not caught
         done = success or self.turn >= self.ctx.max_turns
-        observation = None if done else (f"# feedback: rejected ({', '.join(hacks)})\n" if caught
-                                         else self.feedback(result, n))
-        return Step(observation, {"improvement": improvement}, done, success=success, attempt=attempt,
-                    passed=score, hacking=tuple(hacks))
+        observation = (
+            None
+            if done
+            else (f"# feedback: rejected ({', '.join(hacks)})\n" if caught else self.feedback(result, n))
+        )
+        return Step(
+            observation,
+            {"improvement": improvement},
+            done,
+            success=success,
+            attempt=attempt,
+            passed=score,
+            hacking=tuple(hacks),
+        )
 
     def feedback(self, result: ExecResult, hidden: int) -> str:
         """One line: why nothing ran (the error's last line), or the failing visible examples (with expected

@@ -66,7 +66,9 @@ def _rg():
     try:
         import reasoning_gym
     except ImportError:
-        raise ImportError("reasoning-gym is not installed: pip install 'tempering[gym]' (or reasoning-gym)") from None
+        raise ImportError(
+            "reasoning-gym is not installed: pip install 'tempering[gym]' (or reasoning-gym)"
+        ) from None
     return reasoning_gym
 
 
@@ -88,12 +90,16 @@ def verifier_pool(isolation: str = "auto", workers: int = 2) -> Sandbox:
     with _pools_lock:
         if key not in _pools:
             python, paths = verifier_python(), import_paths()
-            section = VERIFIER_SANDBOX.model_copy(update={"workers": key[1], "python": python, "isolation": isolation})
+            section = VERIFIER_SANDBOX.model_copy(
+                update={"workers": key[1], "python": python, "isolation": isolation}
+            )
             try:
                 _pools[key] = open_sandbox(section, python_path=paths, preload=(VERIFIER_MODULE,))
             except SandboxError as e:
-                raise SandboxError(f"reasoning-gym verifiers must run in the sandbox, and its workers "
-                                   f"({python}) cannot load them from {list(paths)}: {e}") from None
+                raise SandboxError(
+                    f"reasoning-gym verifiers must run in the sandbox, and its workers "
+                    f"({python}) cannot load them from {list(paths)}: {e}"
+                ) from None
         return _pools[key]
 
 
@@ -102,8 +108,13 @@ def verifier_python() -> str:
     were installed for this version), else this interpreter."""
     python = default_python()
     try:
-        out = subprocess.run([python, "-c", "import sys; print(*sys.version_info[:2])"], capture_output=True,
-                             text=True, timeout=20, env={}).stdout.split()
+        out = subprocess.run(
+            [python, "-c", "import sys; print(*sys.version_info[:2])"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            env={},
+        ).stdout.split()
     except (OSError, subprocess.TimeoutExpired):
         out = []
     return python if out == [str(v) for v in sys.version_info[:2]] else os.path.realpath(sys.executable)
@@ -135,8 +146,14 @@ def score_gym_answers(items: list[tuple[Task, str]], pool: Sandbox | None = None
             scores[i] = float(answers_match(answer, entry["answer"]))
         elif len(answer) <= MAX_ANSWER_CHARS:
             config = json.dumps(task.metadata.get("config") or {}, sort_keys=True)
-            requests.append(ExecRequest(code=VERIFIER_CODE, entry_point="score", calls=[[name, config, entry, answer]],
-                                        limits=VERIFIER_LIMITS))
+            requests.append(
+                ExecRequest(
+                    code=VERIFIER_CODE,
+                    entry_point="score",
+                    calls=[[name, config, entry, answer]],
+                    limits=VERIFIER_LIMITS,
+                )
+            )
             slots.append(i)
     if requests:
         raw = (pool or verifier_pool()).execute_many(requests)
@@ -179,9 +196,14 @@ class GymEnv(AnswerEnv):
         return score_gym_answer(self.task, answer, pool), "incorrect"
 
 
-def gym_tasks(datasets: list[str] | None, per_domain_train: int, per_domain_heldout: int, seed: int,
-              config: dict[str, dict[str, Any]] | None = None, max_prompt_chars: int = 600,
-              ) -> tuple[list[Task], list[Task]]:
+def gym_tasks(
+    datasets: list[str] | None,
+    per_domain_train: int,
+    per_domain_heldout: int,
+    seed: int,
+    config: dict[str, dict[str, Any]] | None = None,
+    max_prompt_chars: int = 600,
+) -> tuple[list[Task], list[Task]]:
     """Tasks from each dataset (None = all); one domain per dataset. Entries whose question is longer than
     `max_prompt_chars` are skipped (a small model's context), and held-out questions that also occur in
     training are dropped. Raises ValueError naming an unknown dataset."""
@@ -189,7 +211,9 @@ def gym_tasks(datasets: list[str] | None, per_domain_train: int, per_domain_held
     names = gym_datasets() if datasets is None else list(datasets)
     unknown = [n for n in names if n not in rg.factory.DATASETS or n in EXCLUDED]
     if unknown:
-        raise ValueError(f"unknown reasoning-gym dataset(s) {unknown}; e.g. {', '.join(gym_datasets()[:8])}, ...")
+        raise ValueError(
+            f"unknown reasoning-gym dataset(s) {unknown}; e.g. {', '.join(gym_datasets()[:8])}, ..."
+        )
     train: list[Task] = []
     heldout: list[Task] = []
     for name in names:
@@ -207,9 +231,17 @@ def gym_tasks(datasets: list[str] | None, per_domain_train: int, per_domain_held
             if len(question) > max_prompt_chars or question in seen:
                 continue
             seen.add(question)
-            picked.append(Task(id=f"{name}-{i}", domain=name, env="reasoning_gym", prompt=f"{question}\nAnswer: ",
-                               answer=entry.get("answer"), reference_solution=entry.get("answer"),
-                               metadata={"dataset": name, "entry": entry, "config": kwargs}))
+            picked.append(
+                Task(
+                    id=f"{name}-{i}",
+                    domain=name,
+                    env="reasoning_gym",
+                    prompt=f"{question}\nAnswer: ",
+                    answer=entry.get("answer"),
+                    reference_solution=entry.get("answer"),
+                    metadata={"dataset": name, "entry": entry, "config": kwargs},
+                )
+            )
         cut = min(per_domain_train, max(1, len(picked) - per_domain_heldout)) if picked else 0
         train += picked[:cut]
         heldout += picked[cut:]

@@ -29,8 +29,12 @@ class ServiceUnavailable(Exception):
 
 
 def _schema(name: str, description: str, **properties: dict[str, Any]) -> dict[str, Any]:
-    parameters = {"type": "object", "properties": properties, "required": list(properties),
-                  "additionalProperties": False}
+    parameters = {
+        "type": "object",
+        "properties": properties,
+        "required": list(properties),
+        "additionalProperties": False,
+    }
     return {"name": name, "description": description, "parameters": parameters}
 
 
@@ -55,9 +59,11 @@ class Calculator(Service):
 
 
 class Database(Service):
-    tools = (_schema("db_get", "read a key from the db", key=_STRING),
-             _schema("db_set", "set a key to an integer", key=_STRING, value=_INTEGER),
-             _schema("db_keys", "list the db keys"))
+    tools = (
+        _schema("db_get", "read a key from the db", key=_STRING),
+        _schema("db_set", "set a key to an integer", key=_STRING, value=_INTEGER),
+        _schema("db_keys", "list the db keys"),
+    )
 
     def __init__(self, task: Task, ctx: EnvContext, seed: int) -> None:
         super().__init__(task, ctx, seed)
@@ -93,7 +99,7 @@ class Search(Service):
         docs = self.task.metadata.get("docs", [])
         wanted = _words(query)
         scored = [(len(wanted & _words(f"{d['title']} {d['text']}")), -i, d) for i, d in enumerate(docs)]
-        hits = [d for score, _, d in sorted(scored, key=lambda s: s[:2], reverse=True)[:self.top_k] if score]
+        hits = [d for score, _, d in sorted(scored, key=lambda s: s[:2], reverse=True)[: self.top_k] if score]
         return "\n".join(f"{d['title']}: {d['text']}" for d in hits) or "no results"
 
 

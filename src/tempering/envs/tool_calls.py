@@ -43,7 +43,7 @@ def parse_action(action: str) -> ToolCall | Answer | Malformed:
     end = action.find(close, start + len(tag))
     if end < 0:
         return Malformed(f"error: {tag} is not closed with {close}")
-    body = action[start + len(tag):end].strip()
+    body = action[start + len(tag) : end].strip()
     if tag == _OPEN_ANSWER:
         return Answer(body)
     try:
@@ -52,8 +52,11 @@ def parse_action(action: str) -> ToolCall | Answer | Malformed:
         return Malformed(f"error: tool call is not valid JSON: {getattr(exc, 'msg', exc)}")
     except RecursionError:
         return Malformed("error: tool call is not valid JSON: nested too deeply")
-    if not (isinstance(call, dict) and isinstance(call.get("name"), str)
-            and isinstance(call.get("arguments"), dict)):
+    if not (
+        isinstance(call, dict)
+        and isinstance(call.get("name"), str)
+        and isinstance(call.get("arguments"), dict)
+    ):
         return Malformed(f"error: {_CALL_SHAPE}")
     return ToolCall(call["name"], call["arguments"])
 

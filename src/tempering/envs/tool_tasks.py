@@ -54,18 +54,28 @@ class _Draft:
 
 def _calc(rng: random.Random) -> _Draft:
     x, y, z = rng.randint(10, 99), rng.randint(2, 9), rng.randint(1, 99)
-    expression = rng.choice(["{x} * {y} + {z}", "{z} + {x} * {y}", "({x} + {z}) * {y}", "{x} * {y} - {z}",
-                             "{x} + {z} - {y}"]).format(x=x, y=y, z=z)
+    expression = rng.choice(
+        ["{x} * {y} + {z}", "{z} + {x} * {y}", "({x} + {z}) * {y}", "{x} * {y} - {z}", "{x} + {z} - {y}"]
+    ).format(x=x, y=y, z=z)
     answer = calculate(expression)
-    return _Draft(["calculator"], f"What is {expression}?", answer,
-                  [format_call("calculator", expression=expression), format_answer(answer)])
+    return _Draft(
+        ["calculator"],
+        f"What is {expression}?",
+        answer,
+        [format_call("calculator", expression=expression), format_answer(answer)],
+    )
 
 
 def _db_get(rng: random.Random) -> _Draft:
     db = {k: rng.randint(0, 99) for k in _words_unique(rng, 3, 1)}
     key = rng.choice(sorted(db))
-    return _Draft(["db_get"], f"Get the value of {key} from the db.", db[key],
-                  [format_call("db_get", key=key), format_answer(db[key])], {"db": db})
+    return _Draft(
+        ["db_get"],
+        f"Get the value of {key} from the db.",
+        db[key],
+        [format_call("db_get", key=key), format_answer(db[key])],
+        {"db": db},
+    )
 
 
 def _db_set(rng: random.Random) -> _Draft:
@@ -73,35 +83,54 @@ def _db_set(rng: random.Random) -> _Draft:
     key = rng.choice(sorted(db) + _words_unique(rng, 1, 1))  # an existing key or (maybe) a new one
     value = rng.choice([v for v in range(100) if v != db.get(key)])  # doing nothing must not succeed
     expected = {**db, key: value}
-    return _Draft(["db_set"], f"Set {key} to {value} in the db, then answer done.", "done",
-                  [format_call("db_set", key=key, value=value), format_answer("done")],
-                  {"db": db, "expected_db": expected})
+    return _Draft(
+        ["db_set"],
+        f"Set {key} to {value} in the db, then answer done.",
+        "done",
+        [format_call("db_set", key=key, value=value), format_answer("done")],
+        {"db": db, "expected_db": expected},
+    )
 
 
 def _search(rng: random.Random) -> _Draft:
     names = [w.capitalize() for w in _words_unique(rng, 6, 2)]
     entities, capitals = names[:3], names[3:]
     moons = [rng.randint(2, 99) for _ in entities]
-    docs = [{"title": e, "text": f"The capital of {e} is {c}. {e} has {m} moons."}
-            for e, c, m in zip(entities, capitals, moons)]
+    docs = [
+        {"title": e, "text": f"The capital of {e} is {c}. {e} has {m} moons."}
+        for e, c, m in zip(entities, capitals, moons)
+    ]
     i = rng.randrange(3)
     if rng.random() < 0.5:
         text, answer = f"What is the capital of {entities[i]}?", capitals[i]
     else:
         text, answer = f"How many moons does {entities[i]} have?", moons[i]
-    return _Draft(["search"], text, answer, [format_call("search", query=entities[i]), format_answer(answer)],
-                  {"docs": docs})
+    return _Draft(
+        ["search"],
+        text,
+        answer,
+        [format_call("search", query=entities[i]), format_answer(answer)],
+        {"docs": docs},
+    )
 
 
 def _flaky(rng: random.Random) -> _Draft:
     weather = {c.capitalize(): rng.randint(0, 39) for c in _words_unique(rng, 3, 2)}
     city = rng.choice(sorted(weather))
-    return _Draft(["weather"], f"What is the temperature in {city}?", weather[city],
-                  [format_call("weather", city=city), format_answer(weather[city])], {"weather": weather})
+    return _Draft(
+        ["weather"],
+        f"What is the temperature in {city}?",
+        weather[city],
+        [format_call("weather", city=city), format_answer(weather[city])],
+        {"weather": weather},
+    )
 
 
 _BUILDERS: dict[str, Callable[[random.Random], _Draft]] = {
-    "tool_calc": _calc, "tool_db_get": _db_get, "tool_db_set": _db_set, "tool_search": _search,
+    "tool_calc": _calc,
+    "tool_db_get": _db_get,
+    "tool_db_set": _db_set,
+    "tool_search": _search,
     "tool_flaky": _flaky,
 }
 
@@ -129,6 +158,14 @@ def generate_tool_tasks(num_train: int, num_heldout: int, seed: int) -> tuple[li
                 raise ValueError(f"cannot make {count} distinct {split} tool tasks (domain {domain})")
             seen.add(prompt)
             metadata = {"tools": draft.tools, **draft.services, "reference": draft.reference}
-            tasks.append(Task(id=f"tool-{split}-{i:05d}", domain=domain, prompt=prompt, env="tool",
-                              answer=draft.answer, metadata=metadata))
+            tasks.append(
+                Task(
+                    id=f"tool-{split}-{i:05d}",
+                    domain=domain,
+                    prompt=prompt,
+                    env="tool",
+                    answer=draft.answer,
+                    metadata=metadata,
+                )
+            )
     return splits

@@ -66,8 +66,12 @@ class ToolEnv(Environment):
         if self.turns >= self.ctx.max_turns:  # out of turns without an answer
             self.done = True
             return Step(None, rewards, True, info)
-        return Step(f"<tool_response>{clip_middle(result.text, self.ctx.feedback_chars)}</tool_response>\n",
-                    rewards, False, info)
+        return Step(
+            f"<tool_response>{clip_middle(result.text, self.ctx.feedback_chars)}</tool_response>\n",
+            rewards,
+            False,
+            info,
+        )
 
     def tool_schemas(self) -> list[dict[str, Any]] | None:
         assert self.task is not None, "reset first"

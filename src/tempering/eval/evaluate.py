@@ -53,8 +53,17 @@ def evaluate(
     ks = tuple(k for k in ks if k <= samples) or (1,)
     # Sorting by prompt length keeps padding low in each generation chunk; the result does not depend on it.
     ordered = sorted(tasks, key=lambda t: len(t.prompt))
-    episodes = run_episodes(engine, ordered, ctx, group_size=samples, max_context=max_context, greedy=greedy,
-                            generator=torch.Generator().manual_seed(seed), seed=seed, chat=chat)
+    episodes = run_episodes(
+        engine,
+        ordered,
+        ctx,
+        group_size=samples,
+        max_context=max_context,
+        greedy=greedy,
+        generator=torch.Generator().manual_seed(seed),
+        seed=seed,
+        chat=chat,
+    )
     correct: dict[str, int] = defaultdict(int)
     first: dict[str, int] = defaultdict(int)
     passed = 0.0
@@ -87,8 +96,9 @@ def evaluate(
     )
 
 
-def validation_metrics(engine: Engine, tasks: list[Task], ctx: EnvContext, *, seed: int, max_context: int,
-                       chat: str = "auto") -> dict[str, float]:
+def validation_metrics(
+    engine: Engine, tasks: list[Task], ctx: EnvContext, *, seed: int, max_context: int, chat: str = "auto"
+) -> dict[str, float]:
     """The loop's validation row: sampled pass@1 (2 per task), greedy pass@1, first-turn and per-domain."""
     kw = dict(max_context=max_context, chat=chat)
     sampled = evaluate(engine, tasks, ctx, samples=2, seed=seed, **kw)

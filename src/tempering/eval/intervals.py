@@ -21,11 +21,15 @@ def bootstrap_ci(values, *, level: float = 0.95, resamples: int = RESAMPLES, see
     return [float(np.percentile(means, tail)), float(np.percentile(means, 100 - tail))]
 
 
-def paired_gain(before, after, *, level: float = 0.95, resamples: int = RESAMPLES, seed: int = 0) -> list[float]:
+def paired_gain(
+    before, after, *, level: float = 0.95, resamples: int = RESAMPLES, seed: int = 0
+) -> list[float]:
     """[gain, low, high]: the mean of after - before over the same problems, and its interval."""
     diff = np.asarray(after, dtype=np.float64) - np.asarray(before, dtype=np.float64)
-    return [float(diff.mean()) if len(diff) else float("nan"), *bootstrap_ci(diff, level=level,
-                                                                             resamples=resamples, seed=seed)]
+    return [
+        float(diff.mean()) if len(diff) else float("nan"),
+        *bootstrap_ci(diff, level=level, resamples=resamples, seed=seed),
+    ]
 
 
 def pass_intervals(before: dict[str, float], after: dict[str, float], domains: dict[str, str]) -> dict:
@@ -35,7 +39,12 @@ def pass_intervals(before: dict[str, float], after: dict[str, float], domains: d
 
     def block(keep: list[str]) -> dict:
         b, a = [before[t] for t in keep], [after[t] for t in keep]
-        return {"before": bootstrap_ci(b), "after": bootstrap_ci(a), "gain": paired_gain(b, a), "tasks": len(keep)}
+        return {
+            "before": bootstrap_ci(b),
+            "after": bootstrap_ci(a),
+            "gain": paired_gain(b, a),
+            "tasks": len(keep),
+        }
 
     out = {"all": block(ids)}
     for domain in sorted({domains.get(t, "") for t in ids}):

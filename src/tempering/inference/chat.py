@@ -26,10 +26,13 @@ def end_of_turn(tokenizer) -> tuple[str, int]:
     if not getattr(tokenizer, "chat_template", None):
         return eos
     marker = "\u2063reply\u2063"
-    text = tokenizer.apply_chat_template([{"role": "user", "content": "q"}, {"role": "assistant", "content": marker}],
-                                         tokenize=False)
-    tail = text[text.rfind(marker) + len(marker):].lstrip()
-    for special in sorted(tokenizer.all_special_tokens + list(tokenizer.added_tokens_encoder), key=len, reverse=True):
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "q"}, {"role": "assistant", "content": marker}], tokenize=False
+    )
+    tail = text[text.rfind(marker) + len(marker) :].lstrip()
+    for special in sorted(
+        tokenizer.all_special_tokens + list(tokenizer.added_tokens_encoder), key=len, reverse=True
+    ):
         if special and tail.startswith(special):
             return special, tokenizer.convert_tokens_to_ids(special)
     return eos
@@ -75,7 +78,9 @@ class PlainFormat:
 
     def start(self, prompt: str, tools: list[dict] | None = None) -> tuple[list[int], Conversation]:
         """The prompt text carries everything (a tool task's prompt already lists its tools)."""
-        return encode_prompt(self.tokenizer, prompt), Conversation([{"role": "user", "content": prompt}], tools)
+        return encode_prompt(self.tokenizer, prompt), Conversation(
+            [{"role": "user", "content": prompt}], tools
+        )
 
     def observation(self, conv: Conversation, action: str, ended: bool, observation: str) -> list[int]:
         """Ids that follow an action (whose sampled ids end with EOS when `ended`) and carry `observation`."""
@@ -103,12 +108,17 @@ def _merge_system(messages: list[dict[str, str]]) -> list[dict[str, str]]:
         rest = messages[1:]
         if not rest:
             raise ValueError("messages: a system message needs a user message after it")
-        messages = [{"role": "user", "content": f"{messages[0]['content']}\n\n{rest[0]['content']}"}, *rest[1:]]
+        messages = [
+            {"role": "user", "content": f"{messages[0]['content']}\n\n{rest[0]['content']}"},
+            *rest[1:],
+        ]
     roles = [m.get("role") for m in messages]
     expected = ["user" if i % 2 == 0 else "assistant" for i in range(len(roles))]
     if not roles or roles != expected or roles[-1] != "user":
-        raise ValueError(f"messages: this model has no chat template; it takes user and assistant turns in turn, "
-                         f"ending with a user turn (got {', '.join(map(str, roles)) or 'none'})")
+        raise ValueError(
+            f"messages: this model has no chat template; it takes user and assistant turns in turn, "
+            f"ending with a user turn (got {', '.join(map(str, roles)) or 'none'})"
+        )
     return messages
 
 
@@ -122,8 +132,9 @@ class TemplateFormat:
         self.end_text, self.end_id = end_of_turn(tokenizer)
 
     def _render(self, conv: Conversation, messages: list[dict[str, str]], generation_prompt: bool) -> str:
-        return self.tokenizer.apply_chat_template(messages, tools=conv.tools, tokenize=False,
-                                                  add_generation_prompt=generation_prompt)
+        return self.tokenizer.apply_chat_template(
+            messages, tools=conv.tools, tokenize=False, add_generation_prompt=generation_prompt
+        )
 
     def _ids(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False).input_ids
@@ -135,22 +146,27 @@ class TemplateFormat:
 
     def observation(self, conv: Conversation, action: str, ended: bool, observation: str) -> list[int]:
         before = self._render(conv, conv.messages + [{"role": "assistant", "content": action}], False)
-        conv.messages += [{"role": "assistant", "content": action}, {"role": self.role, "content": observation}]
+        conv.messages += [
+            {"role": "assistant", "content": action},
+            {"role": self.role, "content": observation},
+        ]
         after = self._render(conv, conv.messages, True)
         if not after.startswith(before):
-            raise ValueError("the chat template renders an earlier turn differently once a later one follows; "
-                             "use env.chat_format=plain")
+            raise ValueError(
+                "the chat template renders an earlier turn differently once a later one follows; "
+                "use env.chat_format=plain"
+            )
         # The sampled action ended with the end-of-turn token, already among the policy's ids; what the
         # template writes after it (e.g. a newline) belongs to the observation. Anchored on the action, so an
         # end-of-turn text earlier in the conversation cannot be taken for it.
         end = self.end_text
         at = before.rfind(action)
         if at >= 0:
-            tail = before[at + len(action):]
+            tail = before[at + len(action) :]
         else:  # the template rewrote the action (e.g. trimmed it): fall back to the last end of turn
-            tail = before[before.rfind(end) + len(end):] if end and end in before else ""
+            tail = before[before.rfind(end) + len(end) :] if end and end in before else ""
         tail = tail.removeprefix(end) if end else tail
-        ids = self._ids(tail + after[len(before):])
+        ids = self._ids(tail + after[len(before) :])
         return ids if ended else [self.end_id, *ids]
 
     def render(self, messages: list[dict[str, str]]) -> list[int]:

@@ -26,7 +26,9 @@ class LlamaDecoder:
         self.layers = list(decoder.layers[: config.num_hidden_layers])
         self.head_dim = self.layers[0].self_attn.head_dim
         self.queries = config.num_attention_heads
-        self.heads = self.queries + (config.num_key_value_heads or config.num_attention_heads)  # query + key heads
+        self.heads = self.queries + (
+            config.num_key_value_heads or config.num_attention_heads
+        )  # query + key heads
         self.attention = attention
 
     @classmethod
@@ -46,19 +48,19 @@ class LlamaDecoder:
         b, t = ids.shape
         hidden = self.embed(ids)
         cos, sin = self.rotary(hidden, positions)
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)                    # (B, 1, T, D): broadcast over heads
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # (B, 1, T, D): broadcast over heads
         shape = (b, t, -1, self.head_dim)
         for index, layer in enumerate(self.layers):
             attn, mlp = layer.self_attn, layer.mlp
             x = layer.input_layernorm(hidden)
             if hasattr(attn, "qkv_proj"):  # the packed bf16 copy (`engine.fuse`): one matmul, q and k rotated
-                qkv = attn.qkv_proj(x).view(shape)                            # (B, T, Hq + 2 Hkv, D)
+                qkv = attn.qkv_proj(x).view(shape)  # (B, T, Hq + 2 Hkv, D)
                 rotated = _rotate(qkv[:, :, : self.heads].transpose(1, 2), cos, sin)
-                q, k = rotated[:, : self.queries], rotated[:, self.queries:]
-                v = qkv[:, :, self.heads:].transpose(1, 2)
+                q, k = rotated[:, : self.queries], rotated[:, self.queries :]
+                v = qkv[:, :, self.heads :].transpose(1, 2)
             else:
                 q, k = attn.q_proj(x).view(shape), attn.k_proj(x).view(shape)
-                if hasattr(attn, "q_norm"):                                   # Qwen3: per-head norms before rotary
+                if hasattr(attn, "q_norm"):  # Qwen3: per-head norms before rotary
                     q, k = attn.q_norm(q), attn.k_norm(k)
                 q, k = _rotate(q.transpose(1, 2), cos, sin), _rotate(k.transpose(1, 2), cos, sin)
                 v = attn.v_proj(x).view(shape).transpose(1, 2)

@@ -53,9 +53,18 @@ class LocalEngine:
     the rows decoded together (more requests wait for a free slot); `on_step` hears each decode step's
     number of rows (a server's batch-size metric)."""
 
-    def __init__(self, model, tokenizer, sampling: SamplingParams = DEFAULT_SAMPLING, version: int = 0,
-                 adapters: bool = True, max_rows: int = 256, max_length: int | None = None,
-                 dtype: torch.dtype | None = None, on_step: Callable[[int], None] | None = None):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        sampling: SamplingParams = DEFAULT_SAMPLING,
+        version: int = 0,
+        adapters: bool = True,
+        max_rows: int = 256,
+        max_length: int | None = None,
+        dtype: torch.dtype | None = None,
+        on_step: Callable[[int], None] | None = None,
+    ):
         self.model, self.tokenizer, self.sampling, self.version = model, tokenizer, sampling, version
         self.stop_ids = stop_token_ids(tokenizer, model)
         self._weights = nullcontext if adapters else model.disable_adapter
@@ -63,8 +72,14 @@ class LocalEngine:
         # float32 = no mixed precision (`models.loading.compute_dtype`): the model samples in its own dtype
         self._dtype = dtype if dtype not in (None, torch.float32, next(model.parameters()).dtype) else None
         assert adapters or self._dtype is None, "a reference engine samples nothing: it needs no bf16 copy"
-        self.scheduler = Scheduler(model, self.stop_ids, max_rows=max_rows, max_length=max_length,
-                                   version=lambda: self.version, on_step=on_step)
+        self.scheduler = Scheduler(
+            model,
+            self.stop_ids,
+            max_rows=max_rows,
+            max_length=max_length,
+            version=lambda: self.version,
+            on_step=on_step,
+        )
         self._copy: torch.nn.Module | None = None
         self._loop: threading.Thread | None = None
         self._wake = threading.Event()
@@ -123,29 +138,52 @@ class LocalEngine:
 
     # --------------------------------------------------------------------------------- batch level
 
-    def generate(self, contexts: list[list[int]], *, generator: torch.Generator | None = None,
-                 greedy: bool = False, max_new_tokens: int | None = None, keep: bool = False) -> Generation:
+    def generate(
+        self,
+        contexts: list[list[int]],
+        *,
+        generator: torch.Generator | None = None,
+        greedy: bool = False,
+        max_new_tokens: int | None = None,
+        keep: bool = False,
+    ) -> Generation:
         """One completion per context (repeat a context G times for a group); greedy ignores the sampling
         distribution (evaluation). Each row's random numbers come from a seed drawn from `generator`.
         `keep`: the rows' caches are kept when they are done, for a next turn that extends them."""
         s = self.sampling
         seeds = torch.randint(0, 1 << 62, (len(contexts),), generator=generator).tolist()
         budget = max_new_tokens or s.max_new_tokens
-        handles = [self.submit(Request(list(c), budget, 0.0 if greedy else s.temperature, s.top_p, seed, keep=keep))
-                   for c, seed in zip(contexts, seeds)]
+        handles = [
+            self.submit(Request(list(c), budget, 0.0 if greedy else s.temperature, s.top_p, seed, keep=keep))
+            for c, seed in zip(contexts, seeds)
+        ]
         return self._generation(contexts, self.run(handles))
 
     def _generation(self, contexts: list[list[int]], done: list[Completion]) -> Generation:
-        return generation_of(self.tokenizer, contexts, [c.ids for c in done], [c.logprobs for c in done],
-                             set(self.stop_ids), self.version, [c.reused for c in done])
+        return generation_of(
+            self.tokenizer,
+            contexts,
+            [c.ids for c in done],
+            [c.logprobs for c in done],
+            set(self.stop_ids),
+            self.version,
+            [c.reused for c in done],
+        )
 
     @torch.no_grad()
-    def logprobs(self, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor,
-                 response_attention: Tensor) -> Tensor:
+    def logprobs(
+        self, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor, response_attention: Tensor
+    ) -> Tensor:
         """log pi(response_t | ...) under the sampling temperature, on the CPU. (B, R)"""
         with self._weights():
-            logprobs, _ = response_logprobs(self.model, prompt_ids, prompt_mask, response_ids, response_attention,
-                                            temperature=self.sampling.temperature)
+            logprobs, _ = response_logprobs(
+                self.model,
+                prompt_ids,
+                prompt_mask,
+                response_ids,
+                response_attention,
+                temperature=self.sampling.temperature,
+            )
         return logprobs.cpu()
 
     def release(self) -> None:
@@ -209,7 +247,11 @@ def fuse(module: torch.nn.Module, names: tuple[str, ...], fused: str) -> set[int
 
 
 def _packable(layer: object) -> TypeGuard[torch.nn.Linear]:
-    return type(layer) is torch.nn.Linear and layer.weight.dtype == torch.bfloat16 and layer.weight.device.type == "cpu"
+    return (
+        type(layer) is torch.nn.Linear
+        and layer.weight.dtype == torch.bfloat16
+        and layer.weight.device.type == "cpu"
+    )
 
 
 class _PackedLinear(torch.nn.Module):
@@ -226,9 +268,17 @@ class _PackedLinear(torch.nn.Module):
 ENGINES = ("local", "vllm", "http")
 
 
-def open_model(model_dir: str | Path, sampling: SamplingParams = DEFAULT_SAMPLING, *, device: str = "auto",
-               compute: str = "float32", dtype: str = "float32", keys: tuple[str, str] = ("run.device", "model.compute"),
-               max_rows: int = 256, on_step: Callable[[int], None] | None = None) -> LocalEngine:
+def open_model(
+    model_dir: str | Path,
+    sampling: SamplingParams = DEFAULT_SAMPLING,
+    *,
+    device: str = "auto",
+    compute: str = "float32",
+    dtype: str = "float32",
+    keys: tuple[str, str] = ("run.device", "model.compute"),
+    max_rows: int = 256,
+    on_step: Callable[[int], None] | None = None,
+) -> LocalEngine:
     """The one way a model directory becomes an engine (`eval`, `repair`, `serve`, the pipeline's
     evaluations): `device` resolved (`auto` = CUDA when present), the sampling precision `compute` chosen
     for it (`models.loading.compute_dtype`), both checked before the weights load (in `dtype`); `keys` name
@@ -238,12 +288,22 @@ def open_model(model_dir: str | Path, sampling: SamplingParams = DEFAULT_SAMPLIN
     device = resolve_device(device, keys[0])
     precision = compute_dtype(compute, device, keys[1])
     model = load_model(model_dir, dtype=dtype, device=device)
-    return LocalEngine(model, load_tokenizer(model_dir), sampling, dtype=precision, max_rows=max_rows,
-                       on_step=on_step)
+    return LocalEngine(
+        model, load_tokenizer(model_dir), sampling, dtype=precision, max_rows=max_rows, on_step=on_step
+    )
 
 
-def make_engine(source, tokenizer, sampling: SamplingParams = DEFAULT_SAMPLING, *, kind: str = "local",
-                version: int = 0, adapters: bool = True, dtype: torch.dtype | None = None, **options) -> Engine:
+def make_engine(
+    source,
+    tokenizer,
+    sampling: SamplingParams = DEFAULT_SAMPLING,
+    *,
+    kind: str = "local",
+    version: int = 0,
+    adapters: bool = True,
+    dtype: torch.dtype | None = None,
+    **options,
+) -> Engine:
     """The one way to build an engine. `kind`: `local` (`source` a transformers model in this process;
     `dtype` a lower precision to sample in - `models.loading.compute_dtype(cfg.model.compute, device)`;
     None or float32 = the model's own),
@@ -251,7 +311,9 @@ def make_engine(source, tokenizer, sampling: SamplingParams = DEFAULT_SAMPLING, 
     an OpenAI-compatible server). `options`: as the engine's class takes them (`LocalEngine`'s `max_rows`,
     `on_step`; `remote.HTTPEngine`'s, `vllm.VLLMEngine`'s)."""
     if kind == "local":
-        return LocalEngine(source, tokenizer, sampling, version=version, adapters=adapters, dtype=dtype, **options)
+        return LocalEngine(
+            source, tokenizer, sampling, version=version, adapters=adapters, dtype=dtype, **options
+        )
     if kind == "http":
         from tempering.inference.remote import HTTPEngine
 

@@ -33,7 +33,7 @@ class SlotCache:
         self.v: list[Tensor] = []
         self.lo, self.hi, self.width = 0, 0, 0
         self._write: Tensor | None = None  # (B, T) positions the batch's new tokens are written at
-        self._at: Tensor | None = None     # the same places as rows of a buffer's (-1, D) view, (B * H * T,)
+        self._at: Tensor | None = None  # the same places as rows of a buffer's (-1, D) view, (B * H * T,)
 
     def set_batch(self, lo: int, hi: int, write: Tensor, width: int) -> None:
         """The next forward covers slots [lo, hi); its tokens go to positions `write` (B, T); attention reads
@@ -55,13 +55,13 @@ class SlotCache:
         _, h, _, d = key.shape
         at = self._at
         if at is None:  # (slot, head, position) -> row of the (slots * H * length, D) view; every layer's
-            assert self._write is not None, "set_batch comes before the forward"        # buffers share a shape
+            assert self._write is not None, "set_batch comes before the forward"  # buffers share a shape
             slots = torch.arange(self.lo, self.hi, device=key.device)[:, None, None] * h
             heads = torch.arange(h, device=key.device)[None, :, None]
             at = self._at = ((slots + heads) * self.length + self._write[:, None, :]).reshape(-1)
         k.view(-1, d).index_copy_(0, at, key.reshape(-1, d))  # in place, one kernel per tensor
         v.view(-1, d).index_copy_(0, at, value.reshape(-1, d))
-        return k[self.lo: self.hi, :, : self.width], v[self.lo: self.hi, :, : self.width]
+        return k[self.lo : self.hi, :, : self.width], v[self.lo : self.hi, :, : self.width]
 
     def ensure(self, slots: int, length: int) -> None:
         """Room for `slots` sequences of `length` positions (grown by doubling; contents kept)."""

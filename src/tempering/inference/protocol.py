@@ -95,11 +95,19 @@ class BatchEngine(Protocol):
     stop_ids: tuple[int, ...]
     """Ids that end a generation (EOS, the chat template's end of turn); an action ends with one of them."""
 
-    def generate(self, contexts: list[list[int]], *, generator: torch.Generator | None = None,
-                 greedy: bool = False, max_new_tokens: int | None = None, keep: bool = False) -> Generation: ...
+    def generate(
+        self,
+        contexts: list[list[int]],
+        *,
+        generator: torch.Generator | None = None,
+        greedy: bool = False,
+        max_new_tokens: int | None = None,
+        keep: bool = False,
+    ) -> Generation: ...
 
-    def logprobs(self, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor,
-                 response_attention: Tensor) -> Tensor: ...
+    def logprobs(
+        self, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor, response_attention: Tensor
+    ) -> Tensor: ...
 
     def load_weights(self, state: Mapping[str, Tensor], version: int) -> None: ...
 

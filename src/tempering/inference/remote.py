@@ -39,27 +39,61 @@ def is_url(spec: str) -> bool:
 class HTTPEngine:
     version = 0
 
-    def __init__(self, url: str, tokenizer, sampling, *, model: str | None = None, api_key: str | None = None,
-                 concurrency: int = 8, timeout_s: float = 300.0, insecure_http: bool = False, retries: int = 4,
-                 backoff_s: float = 0.5):
-        self.url, self.tokenizer, self.sampling, self.concurrency = url.rstrip("/"), tokenizer, sampling, concurrency
-        source = "the api_key given" if api_key else next((f"${k}" for k in API_KEY_ENVS if os.environ.get(k)), None)
+    def __init__(
+        self,
+        url: str,
+        tokenizer,
+        sampling,
+        *,
+        model: str | None = None,
+        api_key: str | None = None,
+        concurrency: int = 8,
+        timeout_s: float = 300.0,
+        insecure_http: bool = False,
+        retries: int = 4,
+        backoff_s: float = 0.5,
+    ):
+        self.url, self.tokenizer, self.sampling, self.concurrency = (
+            url.rstrip("/"),
+            tokenizer,
+            sampling,
+            concurrency,
+        )
+        source = (
+            "the api_key given"
+            if api_key
+            else next((f"${k}" for k in API_KEY_ENVS if os.environ.get(k)), None)
+        )
         key = api_key or next((os.environ[k] for k in API_KEY_ENVS if os.environ.get(k)), None)
         parts = urlsplit(self.url)
         if key and parts.scheme == "http" and not is_loopback(parts.hostname or "") and not insecure_http:
-            raise TemperingError(f"refusing to send the API key ({source}) in plain text to {parts.hostname}: use an "
-                                 "https URL, a loopback address, or --allow-insecure-http")
-        self.http = RetryingClient(self.url, token=key, timeout_s=timeout_s, connect_s=timeout_s, retries=retries,
-                                   backoff_s=backoff_s)
-        listed = self._answer("GET", "/models", "GET /models", retries=0)  # a server that is down: now, at once
+            raise TemperingError(
+                f"refusing to send the API key ({source}) in plain text to {parts.hostname}: use an "
+                "https URL, a loopback address, or --allow-insecure-http"
+            )
+        self.http = RetryingClient(
+            self.url,
+            token=key,
+            timeout_s=timeout_s,
+            connect_s=timeout_s,
+            retries=retries,
+            backoff_s=backoff_s,
+        )
+        listed = self._answer(
+            "GET", "/models", "GET /models", retries=0
+        )  # a server that is down: now, at once
         if listed.status_code == 401:
-            raise TemperingError(f"model server at {self.url} refused the API key (401); set $TEMPERING_API_KEY")
+            raise TemperingError(
+                f"model server at {self.url} refused the API key (401); set $TEMPERING_API_KEY"
+            )
         if listed.status_code != 200:
             raise TemperingError(f"model server at {self.url}: GET /models answered {listed.status_code}")
         served = listed.json().get("data", [])
         ids = [m.get("id") for m in served]
         if model is not None and ids and model not in ids:
-            raise TemperingError(f"model server at {self.url} has no model '{model}'; it serves {', '.join(ids)}")
+            raise TemperingError(
+                f"model server at {self.url} has no model '{model}'; it serves {', '.join(ids)}"
+            )
         self.name = model or (ids[0] if ids else "default")
         self.max_context = next((m.get("max_model_len") for m in served if m.get("id") == self.name), None)
         self.stop_ids = stop_token_ids(tokenizer)
@@ -74,12 +108,20 @@ class HTTPEngine:
 
     def _one(self, context: list[int], max_tokens: int, greedy: bool, seed: int) -> tuple[list[int], str]:
         s = self.sampling
-        body = {"model": self.name, "prompt": context, "max_tokens": max_tokens,
-                "temperature": 0.0 if greedy else s.temperature, "top_p": s.top_p, "seed": seed,
-                "return_token_ids": True}
+        body = {
+            "model": self.name,
+            "prompt": context,
+            "max_tokens": max_tokens,
+            "temperature": 0.0 if greedy else s.temperature,
+            "top_p": s.top_p,
+            "seed": seed,
+            "return_token_ids": True,
+        }
         r = self._answer("POST", "/completions", "completions", json=body)
         if r.status_code != 200:
-            raise TemperingError(f"model server at {self.url}: completions answered {r.status_code}: {r.text[:200]}")
+            raise TemperingError(
+                f"model server at {self.url}: completions answered {r.status_code}: {r.text[:200]}"
+            )
         choice = r.json()["choices"][0]
         reason = choice.get("finish_reason") or "length"
         ids = choice.get("token_ids")
@@ -89,17 +131,26 @@ class HTTPEngine:
                 ids.append(self.stop_ids[0])
         return list(ids), reason
 
-    def generate(self, contexts: list[list[int]], *, generator: torch.Generator | None = None,
-                 greedy: bool = False, max_new_tokens: int | None = None, keep: bool = False) -> Generation:
+    def generate(
+        self,
+        contexts: list[list[int]],
+        *,
+        generator: torch.Generator | None = None,
+        greedy: bool = False,
+        max_new_tokens: int | None = None,
+        keep: bool = False,
+    ) -> Generation:
         seeds = torch.randint(0, 1 << 31, (len(contexts),), generator=generator).tolist()
         budget = max_new_tokens or self.sampling.max_new_tokens
         with ThreadPoolExecutor(max_workers=max(1, min(self.concurrency, len(contexts)))) as pool:
             done = list(pool.map(lambda a: self._one(a[0], budget, greedy, a[1]), zip(contexts, seeds)))
-        return generation_of(self.tokenizer, contexts, [ids for ids, _ in done], None, set(self.stop_ids),
-                             self.version)
+        return generation_of(
+            self.tokenizer, contexts, [ids for ids, _ in done], None, set(self.stop_ids), self.version
+        )
 
-    def logprobs(self, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor,
-                 response_attention: Tensor) -> Tensor:
+    def logprobs(
+        self, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor, response_attention: Tensor
+    ) -> Tensor:
         raise TemperingError("an HTTP engine cannot recompute log-probs (it serves evaluation and the agent)")
 
     def load_weights(self, state: Mapping[str, Tensor], version: int) -> None:

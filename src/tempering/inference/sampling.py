@@ -45,30 +45,40 @@ class Sampled:
     """Per row, the `top_logprobs` most likely (token, raw log-prob), most likely first."""
 
 
-def sample(logits: Tensor, temperature: Tensor, top_p: Tensor, uniforms: Tensor, top_logprobs: int = 0) -> Sampled:
+def sample(
+    logits: Tensor, temperature: Tensor, top_p: Tensor, uniforms: Tensor, top_logprobs: int = 0
+) -> Sampled:
     """logits (B, V), temperature (B,) (0 = greedy), top_p (B,), uniforms (B,) -> one token per row."""
     logits = logits.float()
     greedy = temperature <= 0
     scaled = not bool(((temperature == 1.0) | greedy).all())  # dividing by 1 changes nothing: a pass saved
-    z = logits / torch.where(greedy, 1.0, temperature)[:, None] if scaled else logits           # (B, V)
+    z = logits / torch.where(greedy, 1.0, temperature)[:, None] if scaled else logits  # (B, V)
     top = z.max(-1, keepdim=True).values
-    weights = torch.sub(z, top).exp_()                                                          # unnormalised
+    weights = torch.sub(z, top).exp_()  # unnormalised
     total = weights.sum(-1, keepdim=True)
     if bool((top_p < 1.0).any()):
         weights, order = weights.sort(dim=-1, descending=True)
-        outside = weights.cumsum(-1) - weights > top_p[:, None] * total  # keep the smallest set reaching top_p
+        outside = (
+            weights.cumsum(-1) - weights > top_p[:, None] * total
+        )  # keep the smallest set reaching top_p
         weights = weights.masked_fill(outside, 0.0)
     else:
         order = None
-    cdf = weights.cumsum(-1)                                                                    # (B, V)
+    cdf = weights.cumsum(-1)  # (B, V)
     index = torch.searchsorted(cdf, uniforms[:, None] * cdf[:, -1:], right=True).clamp_max(z.shape[-1] - 1)
     tokens = index.squeeze(-1) if order is None else order.gather(-1, index).squeeze(-1)
     if bool(greedy.any()):
         tokens = torch.where(greedy, z.argmax(-1), tokens)
-    chosen = z.gather(-1, tokens[:, None]).squeeze(-1) - top.squeeze(-1) - total.squeeze(-1).log()  # log-softmax
+    chosen = (
+        z.gather(-1, tokens[:, None]).squeeze(-1) - top.squeeze(-1) - total.squeeze(-1).log()
+    )  # log-softmax
     if top_logprobs <= 0:
         return Sampled(tokens, chosen)
     raw = torch.log_softmax(logits, dim=-1)
     values, ids = raw.topk(top_logprobs, dim=-1)
-    return Sampled(tokens, chosen, raw.gather(-1, tokens[:, None]).squeeze(-1),
-                   [list(zip(i, v)) for i, v in zip(ids.tolist(), values.tolist())])
+    return Sampled(
+        tokens,
+        chosen,
+        raw.gather(-1, tokens[:, None]).squeeze(-1),
+        [list(zip(i, v)) for i, v in zip(ids.tolist(), values.tolist())],
+    )

@@ -38,8 +38,17 @@ from tempering.inference.sampling import Uniforms, sample
 ATTENTION = "tempering_slots"
 
 
-def slot_attention(module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor, scaling: float,
-                   dropout: float = 0.0, softcap: float | None = None, **kwargs) -> tuple[Tensor, None]:
+def slot_attention(
+    module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor,
+    scaling: float,
+    dropout: float = 0.0,
+    softcap: float | None = None,
+    **kwargs,
+) -> tuple[Tensor, None]:
     """Attention over the slot cache. A decode step (one query token) in fp32 batches the heads that share
     a key/value head together (no copy of the keys per query head, unlike `repeat_kv`; faster than SDPA's
     CPU kernel there: measured 19 vs 26 ms of a 32-row SmolLM2 decode step); a prefill chunk, and a bf16
@@ -48,17 +57,18 @@ def slot_attention(module, query: Tensor, key: Tensor, value: Tensor, attention_
     query (B, H, T, D), key and value (B, Hkv, W, D), attention_mask (B, 1, T, W) bool -> (B, T, H, D)."""
     b, h, t, d = query.shape
     if (t > 1 or query.dtype != torch.float32) and not softcap:  # the fused kernel (no T x W scores stored)
-        out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
-                                                               scale=scaling, enable_gqa=True)
+        out = torch.nn.functional.scaled_dot_product_attention(
+            query, key, value, attn_mask=attention_mask, scale=scaling, enable_gqa=True
+        )
         return out.transpose(1, 2), None
     groups = h // key.shape[1]
-    q = query.reshape(b, key.shape[1], groups * t, d)                          # (B, Hkv, G*T, D)
-    scores = torch.matmul(q, key.transpose(-1, -2)) * scaling                  # (B, Hkv, G*T, W)
+    q = query.reshape(b, key.shape[1], groups * t, d)  # (B, Hkv, G*T, D)
+    scores = torch.matmul(q, key.transpose(-1, -2)) * scaling  # (B, Hkv, G*T, W)
     if softcap:
         scores = torch.tanh(scores / softcap) * softcap
     keep = attention_mask if t == 1 else attention_mask.repeat(1, 1, groups, 1)  # one query: it broadcasts
     scores = scores.masked_fill(~keep, float("-inf"))
-    out = torch.matmul(torch.softmax(scores, dim=-1), value)                   # (B, Hkv, G*T, D)
+    out = torch.matmul(torch.softmax(scores, dim=-1), value)  # (B, Hkv, G*T, D)
     return out.reshape(b, h, t, d).transpose(1, 2), None
 
 
@@ -86,9 +96,17 @@ class _Kept:
 
 
 class Scheduler:
-    def __init__(self, model, stop_ids: tuple[int, ...], *, max_rows: int = 256, max_length: int | None = None,
-                 prefill_chunk: int = 512, version: Callable[[], int] = lambda: 0,
-                 on_step: Callable[[int], None] | None = None):
+    def __init__(
+        self,
+        model,
+        stop_ids: tuple[int, ...],
+        *,
+        max_rows: int = 256,
+        max_length: int | None = None,
+        prefill_chunk: int = 512,
+        version: Callable[[], int] = lambda: 0,
+        on_step: Callable[[int], None] | None = None,
+    ):
         """`max_rows`: most rows decoded together (more requests wait for a free slot); `on_step` hears the
         number of rows of each decode step (a server's batch-size metric)."""
         if max_rows < 1:
@@ -96,26 +114,38 @@ class Scheduler:
         self.use(model)
         self.stops = set(stop_ids)
         self.max_rows, self.prefill_chunk, self.version = max_rows, prefill_chunk, version
-        limit = getattr(self.config, "max_position_embeddings", None) or getattr(self.config, "n_positions", None)
+        limit = getattr(self.config, "max_position_embeddings", None) or getattr(
+            self.config, "n_positions", None
+        )
         self.max_length = max_length or limit or 1 << 20
         self.cache = SlotCache()
         self.waiting: deque[Handle] = deque()
-        self.rows: list[_Row] = []     # running, row i in slot i
-        self.kept: list[_Kept] = []    # done sequences kept for their next turn, least recently used first
+        self.rows: list[_Row] = []  # running, row i in slot i
+        self.kept: list[_Kept] = []  # done sequences kept for their next turn, least recently used first
         self.lock = threading.Lock()
-        self.prefilled = 0             # prompt tokens computed (for metrics: reuse shows as fewer)
+        self.prefilled = 0  # prompt tokens computed (for metrics: reuse shows as fewer)
         self.on_step = on_step or (lambda rows: None)
 
     def use(self, model) -> None:
         """Sample with `model` from now on (the same weights' merged copy, say; kept caches stay valid)."""
         import inspect
 
-        base = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft: its LoRA layers stay in
-        self.model, self.decoder, self.head, self.config = model, base.get_decoder(), base.get_output_embeddings(), \
-            base.config
+        base = (
+            model.get_base_model() if hasattr(model, "get_base_model") else model
+        )  # peft: its LoRA layers stay in
+        self.model, self.decoder, self.head, self.config = (
+            model,
+            base.get_decoder(),
+            base.get_output_embeddings(),
+            base.config,
+        )
         # transformers renamed the decoder's cache argument (past_key_values -> cache, 5.2x): use the model's own
-        self._cache_arg = "cache" if "cache" in inspect.signature(self.decoder.forward).parameters else "past_key_values"
-        self.fast = LlamaDecoder.of(base, slot_attention)  # the same floats, less Python; None: the model's own
+        self._cache_arg = (
+            "cache" if "cache" in inspect.signature(self.decoder.forward).parameters else "past_key_values"
+        )
+        self.fast = LlamaDecoder.of(
+            base, slot_attention
+        )  # the same floats, less Python; None: the model's own
 
     # ------------------------------------------------------------------------------------ requests
 
@@ -198,21 +228,26 @@ class Scheduler:
             source = by_context.setdefault(tuple(req.prompt), row)
             (distinct.append(row) if source is row else copies.append((row, source)))
         # Room for every new row's whole sequence now: no growth (a copy of the buffers) while it decodes.
-        self.cache.ensure(n + len(handles), max(len(r.handle.request.prompt) + r.budget
-                                                for r in distinct + [row for row, _ in copies]) + 1)
+        self.cache.ensure(
+            n + len(handles),
+            max(len(r.handle.request.prompt) + r.budget for r in distinct + [row for row, _ in copies]) + 1,
+        )
         beyond = n + len(handles)
         for slot, row in enumerate(distinct, n):
             self._take_slot(slot, beyond)
             row.reused = self._reuse(row, slot)
-        logits = self._compute(distinct, n)                                           # (d, V)
+        logits = self._compute(distinct, n)  # (d, V)
         for slot, (row, source) in enumerate(copies, n + len(distinct)):
             self._take_slot(slot, beyond)
             self.cache.copy(n + distinct.index(source), slot, len(source.tokens))
             row.tokens, row.reused = list(source.tokens), len(source.tokens)
         self.rows += distinct + [row for row, _ in copies]
         index = {id(row): i for i, row in enumerate(distinct)}
-        self._sample(distinct + [row for row, _ in copies],
-                     logits[[index[id(row)] for row in distinct] + [index[id(s)] for _, s in copies]], offset=n)
+        self._sample(
+            distinct + [row for row, _ in copies],
+            logits[[index[id(row)] for row in distinct] + [index[id(s)] for _, s in copies]],
+            offset=n,
+        )
 
     def _take_slot(self, slot: int, beyond: int) -> None:
         """Slot `slot` is about to hold a running row: a kept sequence there moves to a free slot at or past
@@ -230,8 +265,11 @@ class Scheduler:
     def _reuse(self, row: _Row, slot: int) -> int:
         """Take the longest kept sequence that the row's context extends into `slot`; how many tokens it saves."""
         prompt = row.handle.request.prompt
-        best = max((k for k in self.kept if len(k.tokens) < len(prompt) and prompt[: len(k.tokens)] == k.tokens),
-                   key=lambda k: len(k.tokens), default=None)
+        best = max(
+            (k for k in self.kept if len(k.tokens) < len(prompt) and prompt[: len(k.tokens)] == k.tokens),
+            key=lambda k: len(k.tokens),
+            default=None,
+        )
         if best is None:
             return 0
         self.kept.remove(best)
@@ -242,18 +280,20 @@ class Scheduler:
     def _compute(self, rows: list[_Row], lo: int) -> Tensor:
         """Run each row's missing context tokens (right-padded, in chunks of `prefill_chunk`) through the model
         into slots [lo, lo + len(rows)); the logits that predict each row's first new token (m, V)."""
-        todo = [r.handle.request.prompt[len(r.tokens):] for r in rows]
+        todo = [r.handle.request.prompt[len(r.tokens) :] for r in rows]
         done = [len(r.tokens) for r in rows]
         last: list[Tensor | None] = [None] * len(rows)
         device = self.device
         for start in range(0, max(map(len, todo)), self.prefill_chunk):
-            chunk = [t[start: start + self.prefill_chunk] for t in todo]
+            chunk = [t[start : start + self.prefill_chunk] for t in todo]
             width = max(len(c) for c in chunk)
-            ids = torch.tensor([c + [0] * (width - len(c)) for c in chunk], device=device)       # (m, T)
-            positions = torch.tensor(done, device=device)[:, None] + start + torch.arange(width, device=device)
+            ids = torch.tensor([c + [0] * (width - len(c)) for c in chunk], device=device)  # (m, T)
+            positions = (
+                torch.tensor(done, device=device)[:, None] + start + torch.arange(width, device=device)
+            )
             span = int(positions.max()) + 1
-            mask = torch.arange(span, device=device)[None, None] <= positions[:, :, None]       # (m, T, span)
-            hidden = self._forward(ids, positions, mask[:, None], lo)                           # (m, T, H)
+            mask = torch.arange(span, device=device)[None, None] <= positions[:, :, None]  # (m, T, span)
+            hidden = self._forward(ids, positions, mask[:, None], lo)  # (m, T, H)
             for i, c in enumerate(chunk):
                 if c:  # the hidden state of the row's last token so far
                     last[i] = hidden[i, len(c) - 1]
@@ -267,8 +307,8 @@ class Scheduler:
         self.on_step(n)
         lengths = torch.tensor([len(r.tokens) for r in self.rows], device=device)
         ids = torch.tensor([[r.next] for r in self.rows], device=device)
-        mask = torch.arange(int(lengths.max()) + 1, device=device)[None] <= lengths[:, None]   # (n, width)
-        hidden = self._forward(ids, lengths[:, None], mask[:, None, None], 0)[:, -1]            # (n, H)
+        mask = torch.arange(int(lengths.max()) + 1, device=device)[None] <= lengths[:, None]  # (n, width)
+        hidden = self._forward(ids, lengths[:, None], mask[:, None, None], 0)[:, -1]  # (n, H)
         for r in self.rows:
             r.tokens.append(r.next)
         self._sample(self.rows, self._logits(hidden), offset=0)
@@ -279,8 +319,13 @@ class Scheduler:
         self.cache.set_batch(lo, lo + len(ids), positions, mask.shape[-1])
         if self.fast is not None:
             return self.fast(ids, positions, mask, self.cache)
-        return self.decoder(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
-                            **{self._cache_arg: self.cache}).last_hidden_state
+        return self.decoder(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            use_cache=True,
+            **{self._cache_arg: self.cache},
+        ).last_hidden_state
 
     def _logits(self, hidden: Tensor) -> Tensor:
         logits = self.head(hidden)
@@ -290,10 +335,15 @@ class Scheduler:
     def _sample(self, rows: list[_Row], logits: Tensor, offset: int) -> None:
         reqs = [r.handle.request for r in rows]
         device = logits.device
-        drawn = sample(logits, torch.tensor([q.temperature for q in reqs], device=device),
-                       torch.tensor([q.top_p for q in reqs], device=device),
-                       torch.tensor([0.0 if q.temperature <= 0 else r.uniforms.next() for q, r in zip(reqs, rows)],
-                                    device=device), max(q.top_logprobs for q in reqs))
+        drawn = sample(
+            logits,
+            torch.tensor([q.temperature for q in reqs], device=device),
+            torch.tensor([q.top_p for q in reqs], device=device),
+            torch.tensor(
+                [0.0 if q.temperature <= 0 else r.uniforms.next() for q, r in zip(reqs, rows)], device=device
+            ),
+            max(q.top_logprobs for q in reqs),
+        )
         tokens, logprobs = drawn.tokens.tolist(), drawn.logprobs.tolist()
         ended = []
         for i, (row, req, token) in enumerate(zip(rows, reqs, tokens)):
@@ -329,8 +379,9 @@ class Scheduler:
             self.cache.copy(last, slot, len(self.rows[last].tokens))
             self.rows[slot] = self.rows[last]
         self.rows.pop()
-        row.handle.future.set_result(Completion(row.handle.request.prompt, row.ids, row.logprobs, reason,
-                                                self.version(), row.reused))
+        row.handle.future.set_result(
+            Completion(row.handle.request.prompt, row.ids, row.logprobs, reason, self.version(), row.reused)
+        )
 
     def _free_slot(self, first: int) -> int | None:
         """A slot at or past `first` that no kept sequence holds."""

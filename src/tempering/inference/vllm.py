@@ -58,52 +58,90 @@ def _callers_random_state():
 
 
 class VLLMEngine:
-    def __init__(self, source, tokenizer, sampling, *, version: int = 0, lora_scaling: float | None = None,
-                 max_model_len: int = 4096, **options):
+    def __init__(
+        self,
+        source,
+        tokenizer,
+        sampling,
+        *,
+        version: int = 0,
+        lora_scaling: float | None = None,
+        max_model_len: int = 4096,
+        **options,
+    ):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         try:
             from vllm import LLM
         except ImportError:
-            raise TemperingError("rollout.engine: vllm needs the vllm package (pip install 'tempering[vllm]'; "
-                                 "CPU: make vllm)") from None
+            raise TemperingError(
+                "rollout.engine: vllm needs the vllm package (pip install 'tempering[vllm]'; CPU: make vllm)"
+            ) from None
         self.tokenizer, self.sampling, self.version = tokenizer, sampling, version
         self.lora_scaling = lora_scaling
         self._saved = None
         if not isinstance(source, str | Path):  # a model object: vLLM loads from a directory
             self._saved = tempfile.TemporaryDirectory(prefix="tempering-vllm-")
             base = source.get_base_model() if hasattr(source, "get_base_model") else source
-            base.save_pretrained(self._saved.name, state_dict=dict(plain_state(source.state_dict(), lora_scaling)))
+            base.save_pretrained(
+                self._saved.name, state_dict=dict(plain_state(source.state_dict(), lora_scaling))
+            )
             tokenizer.save_pretrained(self._saved.name)
             source = self._saved.name
-        self.stop_ids = stop_token_ids(tokenizer, source)  # the directory vLLM loads: its generation_config.json
+        self.stop_ids = stop_token_ids(
+            tokenizer, source
+        )  # the directory vLLM loads: its generation_config.json
         device = "cuda" if torch.cuda.is_available() else "cpu"
         with _callers_random_state():
-            self.llm = LLM(model=str(source), dtype="float32" if device == "cpu" else "auto", seed=0,
-                           max_model_len=max_model_len, logprobs_mode="processed_logprobs",
-                           gpu_memory_utilization=options.pop("gpu_memory_utilization",
-                                                              0.2 if device == "cpu" else 0.5),
-                           **options)
+            self.llm = LLM(
+                model=str(source),
+                dtype="float32" if device == "cpu" else "auto",
+                seed=0,
+                max_model_len=max_model_len,
+                logprobs_mode="processed_logprobs",
+                gpu_memory_utilization=options.pop("gpu_memory_utilization", 0.2 if device == "cpu" else 0.5),
+                **options,
+            )
 
     def _params(self, greedy: bool, max_tokens: int, seed: int, **extra):
         from vllm import SamplingParams as VLLMParams
 
         s = self.sampling
-        return VLLMParams(temperature=0.0 if greedy else s.temperature, top_p=s.top_p, max_tokens=max_tokens,
-                          seed=seed, stop_token_ids=list(self.stop_ids), logprobs=0, detokenize=False, **extra)
+        return VLLMParams(
+            temperature=0.0 if greedy else s.temperature,
+            top_p=s.top_p,
+            max_tokens=max_tokens,
+            seed=seed,
+            stop_token_ids=list(self.stop_ids),
+            logprobs=0,
+            detokenize=False,
+            **extra,
+        )
 
-    def generate(self, contexts: list[list[int]], *, generator: torch.Generator | None = None,
-                 greedy: bool = False, max_new_tokens: int | None = None, keep: bool = False) -> Generation:
+    def generate(
+        self,
+        contexts: list[list[int]],
+        *,
+        generator: torch.Generator | None = None,
+        greedy: bool = False,
+        max_new_tokens: int | None = None,
+        keep: bool = False,
+    ) -> Generation:
         from vllm import TokensPrompt
 
         seeds = torch.randint(0, 1 << 62, (len(contexts),), generator=generator).tolist()
         budget = max_new_tokens or self.sampling.max_new_tokens
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(c)) for c in contexts],
-                                    [self._params(greedy, budget, seed) for seed in seeds], use_tqdm=False)
+        outputs = self.llm.generate(
+            [TokensPrompt(prompt_token_ids=list(c)) for c in contexts],
+            [self._params(greedy, budget, seed) for seed in seeds],
+            use_tqdm=False,
+        )
         responses, logprobs = [], []
         for out in outputs:
             done = out.outputs[0]
             ids = list(done.token_ids)
-            entries = done.logprobs or [{}] * len(ids)  # per position: {token id: Logprob}, the sampled one in it
+            entries = done.logprobs or [{}] * len(
+                ids
+            )  # per position: {token id: Logprob}, the sampled one in it
             lp = [entry[token].logprob if token in entry else 0.0 for token, entry in zip(ids, entries)]
             if done.finish_reason == "stop" and (not ids or ids[-1] not in self.stop_ids):
                 ids.append(self.stop_ids[0])  # the stop token, when vLLM leaves it out
@@ -112,8 +150,9 @@ class VLLMEngine:
             logprobs.append(lp)
         return generation_of(self.tokenizer, contexts, responses, logprobs, set(self.stop_ids), self.version)
 
-    def logprobs(self, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor,
-                 response_attention: Tensor) -> Tensor:
+    def logprobs(
+        self, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor, response_attention: Tensor
+    ) -> Tensor:
         """Of each response token under the sampling distribution, as prompt log-probs of prompt + response."""
         from vllm import TokensPrompt
 
@@ -121,8 +160,11 @@ class VLLMEngine:
         for p, pm, r, ra in zip(prompt_ids, prompt_mask, response_ids, response_attention):
             prompt, response = p[pm.bool()].tolist(), r[: int(ra.sum())].tolist()
             rows.append((prompt, response))
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p + r) for p, r in rows],
-                                    self._params(True, 1, 0, prompt_logprobs=0), use_tqdm=False)
+        outputs = self.llm.generate(
+            [TokensPrompt(prompt_token_ids=p + r) for p, r in rows],
+            self._params(True, 1, 0, prompt_logprobs=0),
+            use_tqdm=False,
+        )
         out = torch.zeros(response_ids.shape)
         for i, ((prompt, response), o) in enumerate(zip(rows, outputs)):
             for k, token in enumerate(response):
@@ -135,8 +177,9 @@ class VLLMEngine:
         # vLLM's in-place reload, not the model's own `load_weights`: after loading, a platform may repack a
         # layer's weights into its kernel's layout (the CPU build's oneDNN linears drop the loader they came
         # in with); the reload restores the checkpoint layout, loads, and packs them again.
-        self.llm.collective_rpc("reload_weights",
-                                kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
+        self.llm.collective_rpc(
+            "reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True}
+        )
         self.llm.reset_prefix_cache()
         self.version = version
 

@@ -63,9 +63,16 @@ def decoder_and_head(model):
     return base.get_decoder(), head
 
 
-def response_logprobs(model, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor,
-                      response_attention: Tensor, *, temperature: float = 1.0,
-                      with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+def response_logprobs(
+    model,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    response_ids: Tensor,
+    response_attention: Tensor,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+) -> tuple[Tensor, Tensor | None]:
     """log pi(response_t | prompt, response_<t) for every response token.
 
     prompt_ids (B, P) left-padded, response_ids (B, R) right-padded -> logprobs (B, R), entropy (B, R) or None.
@@ -74,18 +81,27 @@ def response_logprobs(model, prompt_ids: Tensor, prompt_mask: Tensor, response_i
     sampler's log-probs. Inputs may live anywhere; outputs are on the model's device.
     """
     decoder, head = decoder_and_head(model)
-    hidden = response_hidden_states(decoder, prompt_ids, prompt_mask, response_ids, response_attention)  # (B, R, H)
+    hidden = response_hidden_states(
+        decoder, prompt_ids, prompt_mask, response_ids, response_attention
+    )  # (B, R, H)
     b, r = response_ids.shape
     cap = getattr(getattr(model, "config", None), "final_logit_softcapping", None)
     flat = hidden.reshape(b * r, -1)
     targets = response_ids.to(flat.device).reshape(-1)
     if type(head) is torch.nn.Linear:
-        dtype = torch.get_autocast_dtype(flat.device.type) if torch.is_autocast_enabled(flat.device.type) else None
-        logprobs, entropy = HeadLogprobs.apply(flat, head.weight, head.bias, targets, temperature, cap, dtype,
-                                             with_entropy)
+        dtype = (
+            torch.get_autocast_dtype(flat.device.type)
+            if torch.is_autocast_enabled(flat.device.type)
+            else None
+        )
+        logprobs, entropy = HeadLogprobs.apply(
+            flat, head.weight, head.bias, targets, temperature, cap, dtype, with_entropy
+        )
     else:  # a head of its own kind (LoRA on the head): autograd through chunks, each recomputed in the backward
         n = chunk_tokens(getattr(head, "out_features", 1))
-        parts = [_chunk(head, flat[i: i + n], targets[i: i + n], temperature, cap) for i in range(0, b * r, n)]
+        parts = [
+            _chunk(head, flat[i : i + n], targets[i : i + n], temperature, cap) for i in range(0, b * r, n)
+        ]
         logprobs = torch.cat([p[0] for p in parts]) if parts else flat.new_zeros(0)
         entropy = torch.cat([p[1] for p in parts]) if parts else flat.new_zeros(0)
     return logprobs.reshape(b, r), entropy.reshape(b, r) if with_entropy else None
@@ -134,7 +150,7 @@ class HeadLogprobs(torch.autograd.Function):
         grad_hidden = torch.zeros_like(hidden) if ctx.needs_input_grad[0] else None
         grad_weight = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
         grad_bias = torch.zeros_like(bias) if bias is not None and ctx.needs_input_grad[2] else None
-        g_lp = grad_logprobs / temperature                                   # d/dlogits = d/dz / T
+        g_lp = grad_logprobs / temperature  # d/dlogits = d/dz / T
         g_h = None if grad_entropy is None or not grad_entropy.any() else grad_entropy / temperature
         chunks = _Chunks(min(ctx.chunk, hidden.shape[0]), w)
         with torch.autocast(hidden.device.type, enabled=False):
@@ -174,12 +190,17 @@ class _Chunks:
     def _fp32(self) -> Tensor:
         return torch.empty(self.shape, dtype=torch.float32, device=self.device)
 
-    def logits(self, hidden: Tensor, weight: Tensor, bias: Tensor | None, temperature: float,
-               cap: float | None) -> Tensor:
+    def logits(
+        self, hidden: Tensor, weight: Tensor, bias: Tensor | None, temperature: float, cap: float | None
+    ) -> Tensor:
         """z = head(hidden) / T (soft-capped first), in fp32, as `_scaled` computes it, in the buffers."""
         k = hidden.shape[0]
         out = self.out[:k]  # as `linear` computes it: addmm with a bias, mm without
-        out = torch.mm(hidden, weight.T, out=out) if bias is None else torch.addmm(bias, hidden, weight.T, out=out)
+        out = (
+            torch.mm(hidden, weight.T, out=out)
+            if bias is None
+            else torch.addmm(bias, hidden, weight.T, out=out)
+        )
         z = self.z[:k]
         return _scale_(z if z is out else z.copy_(out), temperature, cap)
 
@@ -224,23 +245,27 @@ def _scale_(logits: Tensor, temperature: float, cap: float | None) -> Tensor:
     return logits.div_(temperature) if temperature != 1.0 else logits
 
 
-def _chunk(head, hidden: Tensor, targets: Tensor, temperature: float, cap: float | None) -> tuple[Tensor, Tensor]:
+def _chunk(
+    head, hidden: Tensor, targets: Tensor, temperature: float, cap: float | None
+) -> tuple[Tensor, Tensor]:
     if torch.is_grad_enabled() and hidden.requires_grad:  # recomputed in the backward pass, not stored
         return checkpoint(_chunk_logprobs, head, hidden, targets, temperature, cap, use_reentrant=False)
     return _chunk_logprobs(head, hidden, targets, temperature, cap)
 
 
-def _chunk_logprobs(head, hidden: Tensor, targets: Tensor, temperature: float,
-                    cap: float | None) -> tuple[Tensor, Tensor]:
+def _chunk_logprobs(
+    head, hidden: Tensor, targets: Tensor, temperature: float, cap: float | None
+) -> tuple[Tensor, Tensor]:
     """hidden (N, H), targets (N,) -> (log-prob of each target (N,), entropy (N,))."""
-    logits = _scaled(head(hidden), temperature, cap)                            # (N, V)
-    lse = torch.logsumexp(logits, dim=-1)                                       # (N,)
+    logits = _scaled(head(hidden), temperature, cap)  # (N, V)
+    lse = torch.logsumexp(logits, dim=-1)  # (N,)
     logprobs = logits.gather(-1, targets[:, None]).squeeze(-1) - lse
-    return logprobs, lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)     # H = logsumexp - E[logit]
+    return logprobs, lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)  # H = logsumexp - E[logit]
 
 
-def response_hidden_states(decoder, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor,
-                           response_attention: Tensor) -> Tensor:
+def response_hidden_states(
+    decoder, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor, response_attention: Tensor
+) -> Tensor:
     """Last hidden state of a decoder (`get_decoder()`, or a critic's `AutoModel` backbone) at the R
     positions that predict the response tokens - the state before each token, which the output head or a
     value head reads. Rows that share a prompt run as one packed sequence while it stays within `PACK`
@@ -248,7 +273,8 @@ def response_hidden_states(decoder, prompt_ids: Tensor, prompt_mask: Tensor, res
     (`_similar_lengths`); a longer group's rows run one by one, plainly causal (attention memory linear in
     length). (B, R, H)"""
     prompt_ids, prompt_mask, response_ids, response_attention = on_device(
-        decoder, prompt_ids, prompt_mask, response_ids, response_attention)
+        decoder, prompt_ids, prompt_mask, response_ids, response_attention
+    )
     b, r = response_ids.shape
     first, inverse = distinct_rows(prompt_ids)
     p_lens = prompt_mask.sum(1).tolist()
@@ -271,10 +297,10 @@ def response_hidden_states(decoder, prompt_ids: Tensor, prompt_mask: Tensor, res
                 out[i, : len(index)] = hidden[index]
     for i in alone:
         p, n = p_lens[i], r_lens[i]
-        ids = torch.cat([prompt_ids[i, prompt_ids.shape[1] - p:], response_ids[i, :n]])[None]
-        hidden = decoder(input_ids=ids).last_hidden_state[0]                   # (P + n, H), plainly causal
+        ids = torch.cat([prompt_ids[i, prompt_ids.shape[1] - p :], response_ids[i, :n]])[None]
+        hidden = decoder(input_ids=ids).last_hidden_state[0]  # (P + n, H), plainly causal
         out = hidden.new_zeros(b, r, hidden.shape[-1]) if out is None else out
-        out[i, :n] = hidden[p - 1: p - 1 + n]
+        out[i, :n] = hidden[p - 1 : p - 1 + n]
     return out
 
 
@@ -285,7 +311,9 @@ SLACK = 0.1
 """Padding a forward over several packed groups may add, as a fraction of their tokens."""
 
 
-def _similar_lengths(groups: list[tuple[int, list[int]]], sizes: list[int]) -> list[list[tuple[int, list[int]]]]:
+def _similar_lengths(
+    groups: list[tuple[int, list[int]]], sizes: list[int]
+) -> list[list[tuple[int, list[int]]]]:
     """The packed groups (of `sizes` tokens) in forwards of similar lengths: longest first, a forward takes the
     next group while padding every group to the forward's longest stays within `SLACK` of their tokens (one
     forward over groups of 1,225 and 788 tokens would compute 437 padding tokens through every layer)."""
@@ -301,14 +329,15 @@ def _similar_lengths(groups: list[tuple[int, list[int]]], sizes: list[int]) -> l
     return parts
 
 
-def _packed(decoder, prompt_ids: Tensor, response_ids: Tensor, groups: list[tuple[int, list[int]]],
-            r_lens: list[int]):
+def _packed(
+    decoder, prompt_ids: Tensor, response_ids: Tensor, groups: list[tuple[int, list[int]]], r_lens: list[int]
+):
     """One forward over the groups, each a packed row: yields (its rows, the row's hidden states (L, H),
     for each of its rows the indices of the states that predict its tokens)."""
     width = max(p + sum(r_lens[i] for i in rows) for p, rows in groups)
     seqs, pos, owner, wheres = [], [], [], []
     for p, rows in groups:
-        ids = prompt_ids[rows[0], prompt_ids.shape[1] - p:].tolist()
+        ids = prompt_ids[rows[0], prompt_ids.shape[1] - p :].tolist()
         positions, segment, where = list(range(p)), [-1] * p, []
         for i in rows:
             n, start = r_lens[i], len(ids)
@@ -322,11 +351,15 @@ def _packed(decoder, prompt_ids: Tensor, response_ids: Tensor, groups: list[tupl
         owner.append(segment + [-2] * pad)
         wheres.append(where)
     device = prompt_ids.device
-    ids, positions, seg = (torch.tensor(x, device=device) for x in (seqs, pos, owner))       # (G, L)
+    ids, positions, seg = (torch.tensor(x, device=device) for x in (seqs, pos, owner))  # (G, L)
     causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()
-    visible = (seg[:, None, :] == -1) | (seg[:, None, :] == seg[:, :, None])    # the prompt, or its own response
+    visible = (seg[:, None, :] == -1) | (
+        seg[:, None, :] == seg[:, :, None]
+    )  # the prompt, or its own response
     real = (seg[:, None, :] != -2) & (seg[:, :, None] != -2)
-    mask = (causal[None] & visible & real) | torch.eye(width, dtype=torch.bool, device=device)[None]  # (G, L, L)
+    mask = (causal[None] & visible & real) | torch.eye(width, dtype=torch.bool, device=device)[
+        None
+    ]  # (G, L, L)
     hidden = decoder(input_ids=ids, attention_mask=mask[:, None], position_ids=positions).last_hidden_state
     for (_, rows), h, where in zip(groups, hidden, wheres):
         yield rows, h, [torch.tensor(w, dtype=torch.long, device=device) for w in where]

@@ -52,8 +52,10 @@ def compute_dtype(name: str, device: str, key: str = "model.compute") -> torch.d
         return torch.bfloat16
     if name == "auto":
         return torch.float32
-    raise ConfigError(f"{key}=bfloat16 is slower than float32 on this {device} (a CPU needs AMX for fast bf16 "
-                      f"matmuls; without, ~20x slower); use {key}=float32 or auto")
+    raise ConfigError(
+        f"{key}=bfloat16 is slower than float32 on this {device} (a CPU needs AMX for fast bf16 "
+        f"matmuls; without, ~20x slower); use {key}=float32 or auto"
+    )
 
 
 def mixed_precision(device: torch.device, dtype: torch.dtype):
@@ -105,8 +107,9 @@ def check_model_dir(path: str | Path) -> Path:
     return path
 
 
-def load_model(path: str | Path, *, dtype: str = "float32", device: str = "cpu",
-               trainable_adapters: bool = False) -> torch.nn.Module:
+def load_model(
+    path: str | Path, *, dtype: str = "float32", device: str = "cpu", trainable_adapters: bool = False
+) -> torch.nn.Module:
     """A model directory as a transformers model. An adapter directory is loaded onto its base: merged into
     a plain model, or as a peft model whose adapters train (`trainable_adapters`, resuming a LoRA run)."""
     path = check_model_dir(path)
@@ -116,7 +119,9 @@ def load_model(path: str | Path, *, dtype: str = "float32", device: str = "cpu",
     try:
         model = exact_rotary(AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype]))
     except Exception as e:  # the library's errors vary by format (OSError, SafetensorError, ...)
-        raise ModelLoadError(f"model path '{path}': weights cannot be loaded ({type(e).__name__}: {e})") from None
+        raise ModelLoadError(
+            f"model path '{path}': weights cannot be loaded ({type(e).__name__}: {e})"
+        ) from None
     return model.to(device)
 
 

@@ -33,13 +33,22 @@ def adapter_base(path: str | Path) -> Path:
     return base
 
 
-def add_adapters(model: torch.nn.Module, base_dir: Path, *, r: int, alpha: float, dropout: float,
-                 target_modules: list[str] | str, seed: int = 0) -> torch.nn.Module:
+def add_adapters(
+    model: torch.nn.Module,
+    base_dir: Path,
+    *,
+    r: int,
+    alpha: float,
+    dropout: float,
+    target_modules: list[str] | str,
+    seed: int = 0,
+) -> torch.nn.Module:
     """Wrap `model` with fresh LoRA adapters (A random from `seed`, B zero); only they require gradients."""
     from peft import LoraConfig, get_peft_model
 
-    config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=target_modules,
-                        task_type="CAUSAL_LM")
+    config = LoraConfig(
+        r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=target_modules, task_type="CAUSAL_LM"
+    )
     try:
         with torch.random.fork_rng():
             torch.manual_seed(seed)
@@ -64,7 +73,9 @@ def _peft_on_transformers_5():
     """peft asks a model for `is_gradient_checkpointing`, which transformers 5 renamed: one FutureWarning
     per wrapped model, about peft's code, not the caller's."""
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+        warnings.filterwarnings(
+            "ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning
+        )
         yield
 
 
@@ -75,8 +86,12 @@ def inputs_as_they_come(model: torch.nn.Module) -> torch.nn.Module:
     for layer in model.modules():
         base = getattr(layer, "base_layer", None)
         adapters = getattr(layer, "lora_A", None)
-        if hasattr(layer, "cast_input_dtype_enabled") and base is not None and adapters and \
-                all(a.weight.dtype == base.weight.dtype for a in adapters.values()):
+        if (
+            hasattr(layer, "cast_input_dtype_enabled")
+            and base is not None
+            and adapters
+            and all(a.weight.dtype == base.weight.dtype for a in adapters.values())
+        ):
             layer.cast_input_dtype_enabled = False
     return model
 
@@ -120,9 +135,14 @@ def _folded(layer: torch.nn.Module, dtype: torch.dtype | None) -> torch.nn.Linea
     None for what this does not fold (not a linear base, DoRA or another variant, a LoRA bias, not exactly one
     adapter active, already merged)."""
     base, active = getattr(layer, "base_layer", None), list(getattr(layer, "active_adapters", []))
-    if type(base) is not torch.nn.Linear or len(active) != 1 or getattr(layer, "merged", True) \
-            or getattr(layer, "lora_variant", {}).get(active[0]) or getattr(layer, "lora_bias", {}).get(active[0]) \
-            or active[0] not in layer.lora_A:
+    if (
+        type(base) is not torch.nn.Linear
+        or len(active) != 1
+        or getattr(layer, "merged", True)
+        or getattr(layer, "lora_variant", {}).get(active[0])
+        or getattr(layer, "lora_bias", {}).get(active[0])
+        or active[0] not in layer.lora_A
+    ):
         return None
     folded = torch.nn.Linear(base.in_features, base.out_features, bias=base.bias is not None, device="meta")
     with torch.no_grad():

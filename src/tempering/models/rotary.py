@@ -41,8 +41,10 @@ class RotaryTable(nn.Module):
             n = max(positions, 256, 2 * (0 if cos is None else len(cos)))
             angles = np.arange(n, dtype=np.float32)[:, None] * self.inv_freq[None, :]  # fp32, as transformers
             angles = np.concatenate([angles, angles], axis=1).astype(np.float64)
-            cos, sin = (torch.from_numpy((f(angles) * self.scaling).astype(np.float32)).to(device)
-                        for f in (np.cos, np.sin))
+            cos, sin = (
+                torch.from_numpy((f(angles) * self.scaling).astype(np.float32)).to(device)
+                for f in (np.cos, np.sin)
+            )
             self.tables[device] = cos, sin
         return cos, sin
 
@@ -52,7 +54,11 @@ def exact_rotary(model: nn.Module) -> nn.Module:
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             rope = getattr(getattr(child, "config", None), "rope_parameters", None) or {}
-            if getattr(child, "rope_type", None) in STATIC and hasattr(child, "inv_freq") \
-                    and hasattr(child, "attention_scaling") and "mrope_section" not in rope:  # (multimodal: 3-D positions)
+            if (
+                getattr(child, "rope_type", None) in STATIC
+                and hasattr(child, "inv_freq")
+                and hasattr(child, "attention_scaling")
+                and "mrope_section" not in rope
+            ):  # (multimodal: 3-D positions)
                 setattr(parent, name, RotaryTable(child))
     return model

@@ -43,7 +43,11 @@ def tests_passed(task: Task, attempt: Attempt, *, edge_weight: float = 1.0, part
     if partial not in PARTIAL:
         raise ValueError(f"tests: unknown partial '{partial}'; valid: {', '.join(PARTIAL)}")
     examples = attempt.example_result  # no examples: nothing to contradict
-    if not (r.all_passed or partial == "always" or (partial == "examples" and (examples is None or examples.all_passed))):
+    if not (
+        r.all_passed
+        or partial == "always"
+        or (partial == "examples" and (examples is None or examples.all_passed))
+    ):
         return 0.0
     weights = [edge_weight if "edge" in t.tags else 1.0 for t in task.tests]
     return sum(w for w, t in zip(weights, r.tests) if t.passed) / sum(weights)
@@ -127,8 +131,12 @@ REWARD_COMPONENTS: dict[str, RewardComponent] = {
     "examples": examples_passed,
     "naive_harness": naive_harness,
 }
-NEEDS: dict[str, str] = {"style": "lint", "efficiency": "reference", "examples": "examples",
-                         "hardcoded_examples": "examples"}
+NEEDS: dict[str, str] = {
+    "style": "lint",
+    "efficiency": "reference",
+    "examples": "examples",
+    "hardcoded_examples": "examples",
+}
 
 
 def trl_adapter(fn: Callable[..., list[float | None]]) -> Callable[[list[Attempt]], list[float]]:
@@ -138,10 +146,16 @@ def trl_adapter(fn: Callable[..., list[float | None]]) -> Callable[[list[Attempt
 
     def batch(attempts: list[Attempt]) -> list[float]:
         tasks = [t.task for t in attempts]
-        columns = {name: [getattr(task, name) for task in tasks] for name in Task.model_fields if name != "prompt"}
-        scores = fn(prompts=[t.prompt for t in tasks], completions=[t.completion for t in attempts], **columns)
+        columns = {
+            name: [getattr(task, name) for task in tasks] for name in Task.model_fields if name != "prompt"
+        }
+        scores = fn(
+            prompts=[t.prompt for t in tasks], completions=[t.completion for t in attempts], **columns
+        )
         if len(scores) != len(attempts):
-            raise ValueError(f"TRL reward function returned {len(scores)} scores for {len(attempts)} completions")
+            raise ValueError(
+                f"TRL reward function returned {len(scores)} scores for {len(attempts)} completions"
+            )
         return [0.0 if s is None else float(s) for s in scores]
 
     return batch
@@ -161,9 +175,16 @@ class RewardFunction:
     shows what it learned.
     """
 
-    def __init__(self, weights: Mapping[str, float] | None = None, *,
-                 params: Mapping[str, Mapping[str, Any]] | None = None, guards: bool = True,
-                 guard_kinds: list[str] | None = None, penalty: float = -1.0, step_fn: str | Callable | None = None):
+    def __init__(
+        self,
+        weights: Mapping[str, float] | None = None,
+        *,
+        params: Mapping[str, Mapping[str, Any]] | None = None,
+        guards: bool = True,
+        guard_kinds: list[str] | None = None,
+        penalty: float = -1.0,
+        step_fn: str | Callable | None = None,
+    ):
         if weights is not None and not weights:
             raise ValueError("reward.weights is empty; name at least one component")
         self.weights = None if weights is None else dict(weights)
@@ -171,7 +192,9 @@ class RewardFunction:
         if self.weights is not None:
             unknown = set(self.params) - set(self.weights)
             if unknown:
-                raise ValueError(f"reward.params names component(s) {sorted(unknown)} that reward.weights does not use")
+                raise ValueError(
+                    f"reward.params names component(s) {sorted(unknown)} that reward.weights does not use"
+                )
         self._functions: dict[str, RewardComponent | None] = {}
         self._batch_functions: dict[str, Callable[[list[Attempt]], list[float]]] = {}
         for name in self.weights or ():
@@ -248,8 +271,11 @@ class RewardFunction:
                     info["step_rewards"] = scores
                 else:
                     turn_rewards = [r + x for r, x in zip(turn_rewards, scores)]
-            outcome = sum(w.get(name, 0.0) * components[name] for name in components if name in outcome_names
-                          or name in comps)
+            outcome = sum(
+                w.get(name, 0.0) * components[name]
+                for name in components
+                if name in outcome_names or name in comps
+            )
             info["hacking"] = sorted({h for t in e.turns for h in t.hacking})
             if info["hacking"] and self.guards:
                 outcome, turn_rewards, info["step_rewards"] = self.penalty, [0.0] * len(turn_rewards), None
@@ -277,8 +303,9 @@ def final_attempt(episode: Episode) -> Attempt:
     last = episode.turns[-1] if episode.turns else None
     if last is None:
         return Attempt(task=episode.task, group_id=episode.group_id, completion="", truncated=True)
-    attempt = last.attempt or Attempt(task=episode.task, group_id=episode.group_id, completion=last.action,
-                                      truncated=False)
+    attempt = last.attempt or Attempt(
+        task=episode.task, group_id=episode.group_id, completion=last.action, truncated=False
+    )
     return replace(attempt, truncated=not last.ended, response_tokens=last.tokens)
 
 
@@ -287,5 +314,20 @@ def step_texts(text: str) -> list[str]:
     return text.splitlines(keepends=True) or [text]
 
 
-__all__ = ["GUARDS", "NEEDS", "REWARD_COMPONENTS", "RewardFunction", "code_style", "edge_cases", "efficiency",
-           "examples_passed", "final_attempt", "naive_harness", "overlong", "step_texts", "tests_passed", "trl_adapter", "well_formed"]
+__all__ = [
+    "GUARDS",
+    "NEEDS",
+    "REWARD_COMPONENTS",
+    "RewardFunction",
+    "code_style",
+    "edge_cases",
+    "efficiency",
+    "examples_passed",
+    "final_attempt",
+    "naive_harness",
+    "overlong",
+    "step_texts",
+    "tests_passed",
+    "trl_adapter",
+    "well_formed",
+]

@@ -78,7 +78,9 @@ def hardcoded_examples(task: Task, attempt: Attempt, *, hidden_pass_below: float
     literals = _literals(attempt.program)
     wanted = [repr(e.output) if e.is_call else None for e in task.examples]
     # Trivial outputs (0, 1, True, '') are everywhere in honest code: only distinctive ones count.
-    distinctive = [w for w in wanted if w is not None and w not in ("0", "1", "True", "False", "''", "None", "[]")]
+    distinctive = [
+        w for w in wanted if w is not None and w not in ("0", "1", "True", "False", "''", "None", "[]")
+    ]
     return bool(distinctive) and all(w in literals for w in distinctive)
 
 

@@ -23,9 +23,24 @@ def lint_findings(codes: list[str | None]) -> list[int | None]:
         if not paths:
             return out
         ruff = Path(sys.executable).with_name("ruff")
-        proc = subprocess.run([str(ruff) if ruff.exists() else "ruff", "check", "--isolated", "--no-cache",
-                               "--select", "E,F,W,B", "--ignore", "E501,W292", "--output-format", "json", tmp],
-                              capture_output=True, text=True, timeout=120)
+        proc = subprocess.run(
+            [
+                str(ruff) if ruff.exists() else "ruff",
+                "check",
+                "--isolated",
+                "--no-cache",
+                "--select",
+                "E,F,W,B",
+                "--ignore",
+                "E501,W292",
+                "--output-format",
+                "json",
+                tmp,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         counts = {i: 0 for i in paths.values()}
         syntax = set()
         for item in json.loads(proc.stdout or "[]"):

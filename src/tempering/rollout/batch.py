@@ -13,18 +13,18 @@ from tempering.types import Episode, RewardResult
 
 @dataclass
 class RolloutBatch:
-    prompt_ids: Tensor                    # (B, P) left-padded
-    prompt_mask: Tensor                   # (B, P)
-    response_ids: Tensor                  # (B, R) right-padded
-    response_mask: Tensor                 # (B, R) float: 1.0 on tokens the policy generated (trained on)
-    old_logprobs: Tensor                  # (B, R) pi_old: the sampler's log-probs (or the trainer's recompute)
-    rewards: Tensor                       # (B,) sequence rewards
-    group_ids: Tensor                     # (B,) samples of the same task share an id
-    advantages: Tensor | None = None      # (B, R)
-    returns: Tensor | None = None         # (B, R)
-    ref_logprobs: Tensor | None = None    # (B, R) under the frozen reference, when KL is used
-    values: Tensor | None = None          # (B, R) critic values, when a critic is used
-    token_rewards: Tensor | None = None   # (B, R) per-token rewards (process steps, KL penalty), when used
+    prompt_ids: Tensor  # (B, P) left-padded
+    prompt_mask: Tensor  # (B, P)
+    response_ids: Tensor  # (B, R) right-padded
+    response_mask: Tensor  # (B, R) float: 1.0 on tokens the policy generated (trained on)
+    old_logprobs: Tensor  # (B, R) pi_old: the sampler's log-probs (or the trainer's recompute)
+    rewards: Tensor  # (B,) sequence rewards
+    group_ids: Tensor  # (B,) samples of the same task share an id
+    advantages: Tensor | None = None  # (B, R)
+    returns: Tensor | None = None  # (B, R)
+    ref_logprobs: Tensor | None = None  # (B, R) under the frozen reference, when KL is used
+    values: Tensor | None = None  # (B, R) critic values, when a critic is used
+    token_rewards: Tensor | None = None  # (B, R) per-token rewards (process steps, KL penalty), when used
     response_attention: Tensor | None = None
     """(B, R) 1 on every response token present: the policy's and, in multi-turn episodes, the observations'
     (which `response_mask` leaves out of the loss). None = `response_mask`."""
@@ -57,7 +57,7 @@ class RolloutBatch:
         which packs the rows that share a prompt, computes each prompt once per step - rows shuffled one by one
         put a piece of every group in every minibatch, and each computed the prompt again."""
         ids, group = torch.unique(self.group_ids, return_inverse=True)
-        rank = torch.randperm(len(ids), generator=generator)[group]                # (B,) its group's place
+        rank = torch.randperm(len(ids), generator=generator)[group]  # (B,) its group's place
         return torch.sort(rank, stable=True).indices.chunk(n)
 
     def select(self, index: Tensor) -> RolloutBatch:
@@ -68,8 +68,10 @@ class RolloutBatch:
     def to(self, device: torch.device | str) -> RolloutBatch:
         """Every tensor on `device` (a no-op copy-free view when it is already there). The batch is built
         and kept on the CPU; the trainer moves each minibatch to the model's device."""
-        return replace(self, **{f.name: v.to(device) for f in fields(self)
-                                if isinstance(v := getattr(self, f.name), Tensor)})
+        return replace(
+            self,
+            **{f.name: v.to(device) for f in fields(self) if isinstance(v := getattr(self, f.name), Tensor)},
+        )
 
     def trim(self) -> RolloutBatch:
         """Drop prompt columns that are padding in every row (left) and response columns likewise (right)."""
@@ -87,7 +89,7 @@ class RolloutBatch:
         """The rows whose advantage is non-zero somewhere (all rows if none is): a zero-advantage row adds
         nothing to the policy gradient, only cost, and weight in the token mean (DAPO drops such groups)."""
         assert self.advantages is not None, "compute advantages first"
-        rows = (self.advantages != 0).any(1).nonzero().squeeze(1)            # (B',)
+        rows = (self.advantages != 0).any(1).nonzero().squeeze(1)  # (B',)
         return self.select(rows) if len(rows) else self
 
     def num_tokens(self) -> int:
@@ -102,8 +104,11 @@ def concat_batches(batches: list[RolloutBatch]) -> RolloutBatch:
         if all(t is None for t in ts):
             return None
         if any(t is None for t in ts):  # e.g. token rewards in some parts only: zeros where a part has none
-            ts = [torch.zeros_like(b.response_mask, dtype=t0.dtype) if t is None else t
-                  for b, t in zip(batches, ts) for t0 in [next(x for x in ts if x is not None)]]
+            ts = [
+                torch.zeros_like(b.response_mask, dtype=t0.dtype) if t is None else t
+                for b, t in zip(batches, ts)
+                for t0 in [next(x for x in ts if x is not None)]
+            ]
         if ts[0].dim() == 1:
             return torch.cat(ts)
         width = max(t.shape[1] for t in ts)
@@ -116,7 +121,9 @@ def concat_batches(batches: list[RolloutBatch]) -> RolloutBatch:
     return RolloutBatch(**{f.name: cat(f.name, f.name.startswith("prompt")) for f in fields(RolloutBatch)})
 
 
-def collate(episodes: list[Episode], rewards: list[RewardResult], tokenizer, group_offset: int = 0) -> RolloutBatch:
+def collate(
+    episodes: list[Episode], rewards: list[RewardResult], tokenizer, group_offset: int = 0
+) -> RolloutBatch:
     """Episodes -> a RolloutBatch: the outcome as the sequence reward, process rewards at the last token of
     the turn that earned them (a one-turn episode's line rewards at each line's last token), observation
     tokens attended to (`response_attention`) but not trained on."""
@@ -142,10 +149,15 @@ def collate(episodes: list[Episode], rewards: list[RewardResult], tokenizer, gro
             for end, value in zip(line_end_tokens(pieces), r.info["step_rewards"]):
                 token_rewards[i, end] += value
     return RolloutBatch(
-        prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=response_ids, response_mask=response_mask,
-        old_logprobs=old_logprobs, rewards=torch.tensor([r.info["outcome"] for r in rewards], dtype=torch.float32),
+        prompt_ids=prompt_ids,
+        prompt_mask=prompt_mask,
+        response_ids=response_ids,
+        response_mask=response_mask,
+        old_logprobs=old_logprobs,
+        rewards=torch.tensor([r.info["outcome"] for r in rewards], dtype=torch.float32),
         group_ids=torch.tensor([e.group_id + group_offset for e in episodes]),
-        token_rewards=token_rewards if token_rewards.any() else None, response_attention=attention,
+        token_rewards=token_rewards if token_rewards.any() else None,
+        response_attention=attention,
         versions=torch.tensor([e.version for e in episodes]),
     )
 
@@ -178,5 +190,10 @@ def merge_rollouts(parts: list[Rollout]) -> Rollout:
     for p in parts:
         for k, v in p.timings.items():
             timings[k] = timings.get(k, 0.0) + v
-    return Rollout([e for p in parts for e in p.episodes], [x for p in parts for x in p.rewards],
-                   concat_batches([p.batch for p in parts]), {k: v for p in parts for k, v in p.metrics.items()}, timings)
+    return Rollout(
+        [e for p in parts for e in p.episodes],
+        [x for p in parts for x in p.rewards],
+        concat_batches([p.batch for p in parts]),
+        {k: v for p in parts for k, v in p.metrics.items()},
+        timings,
+    )

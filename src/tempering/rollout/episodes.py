@@ -61,8 +61,10 @@ def run_episodes(
     timer = timer or (lambda name: nullcontext())
     tokenizer, max_new_tokens = engine.tokenizer, engine.sampling.max_new_tokens
     fmt = chat_format(tokenizer, chat)
-    lives = [_start(tasks[i // group_size], ctx, fmt, seed, first_task * group_size + i, group_size)
-             for i in range(len(tasks) * group_size)]
+    lives = [
+        _start(tasks[i // group_size], ctx, fmt, seed, first_task * group_size + i, group_size)
+        for i in range(len(tasks) * group_size)
+    ]
     active = list(lives)
     with ThreadPoolExecutor(max_workers=8, thread_name_prefix="env") as pool:
         for turn in range(ctx.max_turns):
@@ -75,12 +77,21 @@ def run_episodes(
                 break
             contexts = [x.episode.prompt_ids + x.episode.ids for x, _ in running]
             with timer("gen"):
-                gen = engine.generate(contexts, generator=generator, greedy=greedy, keep=ctx.max_turns > 1,
-                                      max_new_tokens=min(max_new_tokens, max(room for _, room in running)))
-            actions = [(x, *_record_action(x.episode, gen, row, room, engine, max_new_tokens))
-                       for row, (x, room) in enumerate(running)]
+                gen = engine.generate(
+                    contexts,
+                    generator=generator,
+                    greedy=greedy,
+                    keep=ctx.max_turns > 1,
+                    max_new_tokens=min(max_new_tokens, max(room for _, room in running)),
+                )
+            actions = [
+                (x, *_record_action(x.episode, gen, row, room, engine, max_new_tokens))
+                for row, (x, room) in enumerate(running)
+            ]
             with timer("reward"):
-                steps = _step_all([x.env for x, _, _, _ in actions], [text for _, text, _, _ in actions], pool)
+                steps = _step_all(
+                    [x.env for x, _, _, _ in actions], [text for _, text, _, _ in actions], pool
+                )
             for row, ((x, text, ended, n), step) in enumerate(zip(actions, steps)):
                 computed = len(contexts[row]) - (gen.reused[row] if gen.reused else 0)
                 x.episode.turns.append(step.as_turn(text, ended=ended, tokens=n, computed=computed))
@@ -96,7 +107,9 @@ def _start(task: Task, ctx: EnvContext, fmt, seed: int, index: int, group_size: 
     """Episode `index` of its round: its environment (seeded by the index), reset on `task`, and its prompt."""
     env = make_env(task, ctx, seed=seed * 100_003 + index, group_id=index // group_size)
     prompt_ids, conversation = fmt.start(env.reset(task), tools=env.tool_schemas())
-    episode = Episode(task, env.group_id, prompt_ids, dict(type(env).default_weights), frozenset(type(env).outcome))
+    episode = Episode(
+        task, env.group_id, prompt_ids, dict(type(env).default_weights), frozenset(type(env).outcome)
+    )
     return _Live(episode, env, conversation)
 
 
@@ -130,8 +143,9 @@ def _step_all(envs: list[Environment], actions: list[str], pool: ThreadPoolExecu
     return steps
 
 
-def _record_action(e: Episode, gen, row: int, room: int, engine: Engine, max_new_tokens: int,
-                   ) -> tuple[str, bool, int]:
+def _record_action(
+    e: Episode, gen, row: int, room: int, engine: Engine, max_new_tokens: int
+) -> tuple[str, bool, int]:
     """Append row `row` of a generation to episode `e` (cut to the `room` left in its context budget);
     -> (the action's text, whether it ended with a stop token, its number of tokens)."""
     n = min(int(gen.response_mask[row].sum()), room)

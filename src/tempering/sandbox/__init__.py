@@ -79,12 +79,14 @@ from tempering.types import ExecResult, Task
 
 def limits_of(s: SandboxSection) -> SandboxLimits:
     """A `sandbox` config section's per-execution limits."""
-    return SandboxLimits(timeout_s=s.timeout_s, cpu_s=s.cpu_s, memory_mb=s.memory_mb,
-                         max_output_bytes=s.max_output_bytes)
+    return SandboxLimits(
+        timeout_s=s.timeout_s, cpu_s=s.cpu_s, memory_mb=s.memory_mb, max_output_bytes=s.max_output_bytes
+    )
 
 
-def open_sandbox(s: SandboxSection | None = None, *, python_path: tuple[str, ...] = (),
-                 preload: tuple[str, ...] = ()) -> Sandbox:
+def open_sandbox(
+    s: SandboxSection | None = None, *, python_path: tuple[str, ...] = (), preload: tuple[str, ...] = ()
+) -> Sandbox:
     """The one way to open a sandbox: the local worker pool of `s` (a run's `sandbox` section; None: its
     defaults, as `eval`, `repair` and `data from-logs` use), or the service at `s.url` (checked now: a service
     that is down is reported before a model loads). `python_path` and `preload` (`LocalSandbox`) make a
@@ -96,8 +98,15 @@ def open_sandbox(s: SandboxSection | None = None, *, python_path: tuple[str, ...
         remote = RemoteSandbox(s.url, limits_of(s))
         remote.health()
         return remote
-    return LocalSandbox(limits_of(s), workers=s.workers, python=s.python, isolation=s.isolation,
-                        scratch_mb=s.scratch_mb, python_path=python_path, preload=preload)
+    return LocalSandbox(
+        limits_of(s),
+        workers=s.workers,
+        python=s.python,
+        isolation=s.isolation,
+        scratch_mb=s.scratch_mb,
+        python_path=python_path,
+        preload=preload,
+    )
 
 
 _default: LocalSandbox | None = None
@@ -122,7 +131,9 @@ def run(
     memory_mb: int | None = None,
 ) -> ExecResult:
     """Execute one program and return what it did."""
-    return default_sandbox().run(code, language=language, stdin=stdin, timeout_s=timeout_s, memory_mb=memory_mb)
+    return default_sandbox().run(
+        code, language=language, stdin=stdin, timeout_s=timeout_s, memory_mb=memory_mb
+    )
 
 
 def run_batch(requests: list[ExecRequest], *, concurrency: int | None = None) -> list[ExecResult]:
@@ -136,7 +147,20 @@ def run_tests(task: Task, code: str) -> ExecResult:
 
 
 __all__ = [
-    "LANGUAGES", "ExecRequest", "ExecResult", "LocalSandbox", "RemoteSandbox", "Sandbox", "SandboxLimits",
-    "compare_values", "default_sandbox", "grade", "limits_of", "open_sandbox", "parse_value", "run", "run_batch",
+    "LANGUAGES",
+    "ExecRequest",
+    "ExecResult",
+    "LocalSandbox",
+    "RemoteSandbox",
+    "Sandbox",
+    "SandboxLimits",
+    "compare_values",
+    "default_sandbox",
+    "grade",
+    "limits_of",
+    "open_sandbox",
+    "parse_value",
+    "run",
+    "run_batch",
     "run_tests",
 ]

@@ -25,7 +25,15 @@ import signal
 import sys
 
 CLONE_NEWNS, CLONE_NEWUSER = 0x00020000, 0x10000000
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 0x1, 0x2, 0x4, 0x20, 0x1000, 0x4000, 1 << 18
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = (
+    0x1,
+    0x2,
+    0x4,
+    0x20,
+    0x1000,
+    0x4000,
+    1 << 18,
+)
 PR_SET_PDEATHSIG, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 1, 24, 38
 CAP_LAST = 63  # PR_CAPBSET_DROP of a capability the kernel does not know fails with EINVAL: ignored
 
@@ -44,15 +52,21 @@ def bind_imports(libc, root, imports):
     """Each import path [source, view] bound read-only at its view, under a tmpfs on `root`."""
     if not imports:
         return
-    check(libc.mount(b"tmpfs", root.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, b"size=64k,mode=0755"),
-          f"cannot mount a tmpfs on {root}")
+    check(
+        libc.mount(b"tmpfs", root.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, b"size=64k,mode=0755"),
+        f"cannot mount a tmpfs on {root}",
+    )
     for source, view in imports:
         os.mkdir(view, 0o755)
-        check(libc.mount(source.encode(), view.encode(), None, MS_BIND | MS_REC, None), f"cannot bind {source}")
+        check(
+            libc.mount(source.encode(), view.encode(), None, MS_BIND | MS_REC, None), f"cannot bind {source}"
+        )
         flags = MS_BIND | MS_REMOUNT | MS_RDONLY
         if libc.mount(None, view.encode(), None, flags | MS_NOSUID | MS_NODEV, None) != 0:
             # A mount's locked flags (from the host) must be kept on a remount: take the source's own.
-            kept = os.statvfs(source).f_flag & 0xC0F  # ST_NOSUID/NODEV/NOEXEC/NOATIME/NODIRATIME = the MS_ bits
+            kept = (
+                os.statvfs(source).f_flag & 0xC0F
+            )  # ST_NOSUID/NODEV/NOEXEC/NOATIME/NODIRATIME = the MS_ bits
             check(libc.mount(None, view.encode(), None, flags | kept, None), f"cannot make {view} read-only")
 
 
@@ -71,8 +85,10 @@ def main():
     check(libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "cannot make mounts private")
     bind_imports(libc, config.get("imports_root"), config.get("imports") or [])
     options = f"size={int(config['scratch_mb'])}m,nr_inodes={int(config['scratch_inodes'])},mode=1777"
-    check(libc.mount(b"tmpfs", config["scratch"].encode(), b"tmpfs", MS_NOSUID | MS_NODEV, options.encode()),
-          f"cannot mount the scratch tmpfs on {config['scratch']}")
+    check(
+        libc.mount(b"tmpfs", config["scratch"].encode(), b"tmpfs", MS_NOSUID | MS_NODEV, options.encode()),
+        f"cannot mount the scratch tmpfs on {config['scratch']}",
+    )
     try:
         with open("/proc/sys/user/max_user_namespaces", "w") as f:
             f.write("0")
@@ -81,7 +97,11 @@ def main():
     keep = config.get("bounding_caps")
     if keep is not None:
         for cap in range(CAP_LAST + 1):
-            if cap not in keep and libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 and ctypes.get_errno() != 22:
+            if (
+                cap not in keep
+                and libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0
+                and ctypes.get_errno() != 22
+            ):
                 fail(f"cannot drop capability {cap} from the bounding set")
     if config.get("die_with_parent"):
         check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "cannot set the parent-death signal")

@@ -69,10 +69,16 @@ COMPILE_MEMORY_MB = 2048
 LANGUAGES = {
     "bash": {"file": "main.sh", "run": ["bash", "main.sh"]},
     "javascript": {"file": "main.js", "run": ["node", "main.js"]},
-    "c": {"file": "main.c", "compile": ["gcc", "-O2", "-std=gnu17", "-o", "main", "main.c", "-lm"],
-          "run": ["./main"]},
-    "cpp": {"file": "main.cpp", "compile": ["g++", "-O2", "-std=gnu++17", "-o", "main", "main.cpp"],
-            "run": ["./main"]},
+    "c": {
+        "file": "main.c",
+        "compile": ["gcc", "-O2", "-std=gnu17", "-o", "main", "main.c", "-lm"],
+        "run": ["./main"],
+    },
+    "cpp": {
+        "file": "main.cpp",
+        "compile": ["g++", "-O2", "-std=gnu++17", "-o", "main", "main.cpp"],
+        "run": ["./main"],
+    },
 }
 # V8 reserves about 1 GiB of address space before running anything: its heap is capped instead.
 NODE_RESERVE_MB = 1024
@@ -102,7 +108,7 @@ def write_msg(fd, obj):
     body = json.dumps(obj).encode("utf-8")
     data = struct.pack(">I", len(body)) + body
     while data:
-        data = data[os.write(fd, data):]
+        data = data[os.write(fd, data) :]
 
 
 def vm_size_bytes():
@@ -143,7 +149,11 @@ class _CapHeader(ctypes.Structure):
 
 
 class _CapData(ctypes.Structure):
-    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+    _fields_ = [
+        ("effective", ctypes.c_uint32),
+        ("permitted", ctypes.c_uint32),
+        ("inheritable", ctypes.c_uint32),
+    ]
 
 
 def drop_capabilities():
@@ -232,11 +242,17 @@ def run_child(req, fds, scratch, memory_limit, program_id):
 
 
 AUDIT_FLAGS = {
-    "socket.connect": "network_attempt", "socket.bind": "network_attempt",
-    "subprocess.Popen": "spawned_process", "os.system": "spawned_process", "os.exec": "spawned_process",
-    "os.posix_spawn": "spawned_process", "os.fork": "spawned_process",
-    "os.kill": "signal_sent", "os.killpg": "signal_sent",
-    "ctypes.dlopen": "ctypes", "ctypes.dlsym": "ctypes",
+    "socket.connect": "network_attempt",
+    "socket.bind": "network_attempt",
+    "subprocess.Popen": "spawned_process",
+    "os.system": "spawned_process",
+    "os.exec": "spawned_process",
+    "os.posix_spawn": "spawned_process",
+    "os.fork": "spawned_process",
+    "os.kill": "signal_sent",
+    "os.killpg": "signal_sent",
+    "ctypes.dlopen": "ctypes",
+    "ctypes.dlsym": "ctypes",
 }
 
 
@@ -246,7 +262,17 @@ def install_audit(req):
     if not req.get("audit", True):
         return
     _write, _dumps, _seen, _flags = os.write, json.dumps, set(), AUDIT_FLAGS
-    _allowed = ("/usr/", "/lib", "/etc/ld.so", "/proc/self/", "/dev/null", "/dev/urandom", ".", "main.", "solution")
+    _allowed = (
+        "/usr/",
+        "/lib",
+        "/etc/ld.so",
+        "/proc/self/",
+        "/dev/null",
+        "/dev/urandom",
+        ".",
+        "main.",
+        "solution",
+    )
 
     def report(flag):
         if flag not in _seen:
@@ -308,7 +334,9 @@ def run_program(req):
     if mode == "program":
         return exit_code
     current = vars(builtins)
-    if len(current) != len(builtins_before) or any(builtins_before.get(k) is not v for k, v in current.items()):
+    if len(current) != len(builtins_before) or any(
+        builtins_before.get(k) is not v for k, v in current.items()
+    ):
         # Undone, then reported: the harness below must run on the real builtins.
         current.clear()
         current.update(builtins_before)
@@ -322,14 +350,23 @@ def run_program(req):
         try:
             value = fn(*args)
         except SystemExit:
-            return {"i": i, "ok": False, "error": "SystemExit raised inside the function", "flag": "exit_in_test"}
+            return {
+                "i": i,
+                "ok": False,
+                "error": "SystemExit raised inside the function",
+                "flag": "exit_in_test",
+            }
         except MemoryError:
             return {"i": i, "ok": False, "error": "MemoryError", "flag": "memory_error"}
         except BaseException as e:
             return {"i": i, "ok": False, "error": f"{_type(e).__name__}: {e}"[:2000]}
         if not _is_plain(value):
-            return {"i": i, "ok": False, "error": f"returned a {_type(value).__name__}, not a plain value",
-                    "flag": "non_builtin_output"}
+            return {
+                "i": i,
+                "ok": False,
+                "error": f"returned a {_type(value).__name__}, not a plain value",
+                "flag": "non_builtin_output",
+            }
         try:
             return {"i": i, "ok": True, "value": _repr(value)}
         except BaseException as e:  # e.g. a repr too deep to build
@@ -456,7 +493,7 @@ def run_checker(secret, fds, req):
         def emit(obj):
             data = (json.dumps(obj) + "\n").encode()
             while data:
-                data = data[os.write(verdict_w, data):]
+                data = data[os.write(verdict_w, data) :]
 
         first = candidate.next_message()
         while "i" in first:  # an answer before any question: forged by the program's module code
@@ -476,7 +513,13 @@ def run_checker(secret, fds, req):
                 namespace["check"](candidate)
                 emit({"i": i, "ok": True})
             except AssertionError as e:
-                emit({"i": i, "ok": False, "error": f"assertion failed{': ' + str(e) if str(e) else ''}"[:2000]})
+                emit(
+                    {
+                        "i": i,
+                        "ok": False,
+                        "error": f"assertion failed{': ' + str(e) if str(e) else ''}"[:2000],
+                    }
+                )
             except CandidateError as e:
                 emit({"i": i, "ok": False, "error": str(e)[:2000]})
             except BaseException as e:
@@ -558,20 +601,36 @@ class Server:
         timeout = float(req.get("compile_timeout_s") or COMPILE_TIMEOUT_S)
         start = time.monotonic()
         try:
-            proc = subprocess.run(argv, cwd=scratch, capture_output=True, timeout=timeout,
-                                  env={"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "TMPDIR": scratch},
-                                  preexec_fn=limits, stdin=subprocess.DEVNULL, **run_as)
+            proc = subprocess.run(
+                argv,
+                cwd=scratch,
+                capture_output=True,
+                timeout=timeout,
+                env={"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "TMPDIR": scratch},
+                preexec_fn=limits,
+                stdin=subprocess.DEVNULL,
+                **run_as,
+            )
         except subprocess.TimeoutExpired as e:
             message = (e.stderr or b"").decode("utf-8", "replace")
-            return {"status": "compile_error", "stderr": message + f"\ncompiler timed out after {timeout:g} s",
-                    "compile_timed_out": True, "wall_time_s": time.monotonic() - start}
+            return {
+                "status": "compile_error",
+                "stderr": message + f"\ncompiler timed out after {timeout:g} s",
+                "compile_timed_out": True,
+                "wall_time_s": time.monotonic() - start,
+            }
         except OSError as e:
             return {"status": "sandbox_error", "stderr": f"cannot run {argv[0]}: {e}"}
         if proc.returncode != 0:
             cap = int(req["max_output_bytes"])
             message = (proc.stderr + proc.stdout).decode("utf-8", "replace")
-            return {"status": "compile_error", "exit_code": proc.returncode, "stderr": message[:cap],
-                    "stderr_truncated": len(message) > cap, "wall_time_s": time.monotonic() - start}
+            return {
+                "status": "compile_error",
+                "exit_code": proc.returncode,
+                "stderr": message[:cap],
+                "stderr_truncated": len(message) > cap,
+                "wall_time_s": time.monotonic() - start,
+            }
         self.compile_time_s = time.monotonic() - start
         return None
 
@@ -625,7 +684,9 @@ class Server:
                 os.close(fd)
             read_ok = select.select([sync_r], [], [], 10.0)[0] and os.read(sync_r, 1) == b"1"
             os.close(sync_r)
-            if not read_ok:  # the checker never took its message: drop it here, or it would be the next request
+            if (
+                not read_ok
+            ):  # the checker never took its message: drop it here, or it would be the next request
                 read_msg(0)
             res_r = verdict_r
         try:
@@ -738,7 +799,9 @@ def collect(req, pid, start, out_r, err_r, res_r, checker=None):
             if exited_at is not None and now >= exited_at + 0.05:
                 break  # a descendant still holds a pipe open; it is killed below
             wait = (deadline if exited_at is None else exited_at + 0.05) - now
-            ready, _, _ = select.select(open_fds + ([pidfd] if exited_at is None else []), [], [], max(wait, 0))
+            ready, _, _ = select.select(
+                open_fds + ([pidfd] if exited_at is None else []), [], [], max(wait, 0)
+            )
             for fd in ready:
                 if fd == pidfd:
                     exited_at = time.monotonic()
@@ -819,7 +882,12 @@ def collect(req, pid, start, out_r, err_r, res_r, checker=None):
         status_name = "compile_error"
     elif "memory_error" in events or "memory_error" in flags:
         status_name = "memory_limit"
-    elif sig is not None or exit_code not in (0, None) or "module_error" in events or "no_entry_point" in events:
+    elif (
+        sig is not None
+        or exit_code not in (0, None)
+        or "module_error" in events
+        or "no_entry_point" in events
+    ):
         status_name = "runtime_error"
     else:
         status_name = "ok"
@@ -849,8 +917,9 @@ def prepare(setup, scratch_root):
     temporary files go to the scratch area; then the environment is emptied again."""
     sys.path[:0] = setup.get("path") or []
     saved = dict(os.environ)
-    os.environ.update({"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-                       "TMPDIR": scratch_root})
+    os.environ.update(
+        {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TMPDIR": scratch_root}
+    )
     saved_tempdir, tempfile.tempdir = tempfile.tempdir, scratch_root
     protocol = os.dup(1)
     os.dup2(2, 1)  # what an import prints must not land in the protocol pipe
@@ -858,7 +927,9 @@ def prepare(setup, scratch_root):
         try:
             __import__(name)
         except BaseException as e:
-            sys.stderr.write(f"cannot preload module '{name}' (sys.path {sys.path}): {type(e).__name__}: {e}\n")
+            sys.stderr.write(
+                f"cannot preload module '{name}' (sys.path {sys.path}): {type(e).__name__}: {e}\n"
+            )
             sys.stderr.flush()
             os._exit(3)
     flush()
@@ -889,8 +960,16 @@ def main():
     if config.get("path") or config.get("preload"):
         prepare(config, scratch_root)
     server = Server(scratch_root, program_id)
-    write_msg(1, {"ready": True, "pid1": server.pid1, "uid": os.getuid(), "program_uid": program_id,
-                  "max_user_namespaces": read_int("/proc/sys/user/max_user_namespaces")})
+    write_msg(
+        1,
+        {
+            "ready": True,
+            "pid1": server.pid1,
+            "uid": os.getuid(),
+            "program_uid": program_id,
+            "max_user_namespaces": read_int("/proc/sys/user/max_user_namespaces"),
+        },
+    )
     try:
         while True:
             req = read_msg(0)

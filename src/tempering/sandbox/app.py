@@ -56,11 +56,18 @@ def create_app(sandbox: LocalSandbox, *, token: str | None, limits: ServiceLimit
 
     @app.get("/health")
     def health() -> dict[str, Any]:
-        return {"status": "ok", "backend": sandbox.backend, "workers": sandbox.size, "pending": admission.total,
-                "protections": [asdict(p) for p in sandbox.protections()]}
+        return {
+            "status": "ok",
+            "backend": sandbox.backend,
+            "workers": sandbox.size,
+            "pending": admission.total,
+            "protections": [asdict(p) for p in sandbox.protections()],
+        }
 
     @app.post("/execute")
-    def execute(batch: Batch, request: Request) -> dict[str, Any]:  # a plain def: run on FastAPI's thread pool
+    def execute(
+        batch: Batch, request: Request
+    ) -> dict[str, Any]:  # a plain def: run on FastAPI's thread pool
         try:
             reqs = [request_from_json(r) for r in batch.requests]
             reqs = [replace(r, limits=limits.clamp(r.limits)) for r in reqs]

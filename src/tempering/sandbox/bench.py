@@ -16,8 +16,13 @@ from tempering.sandbox.pool import LocalSandbox
 from tempering.types import Task, TestCase
 
 TRIVIAL = "x = 1 + 1\n"
-TASK = Task(id="bench", domain="bench", prompt="", entry_point="add",
-            tests=[TestCase(input=[i, i + 1], output=2 * i + 1) for i in range(10)])
+TASK = Task(
+    id="bench",
+    domain="bench",
+    prompt="",
+    entry_point="add",
+    tests=[TestCase(input=[i, i + 1], output=2 * i + 1) for i in range(10)],
+)
 SOLUTION = "def add(a, b):\n    return a + b\n"
 
 
@@ -74,6 +79,8 @@ def format_table(rows: list[Row]) -> str:
     head = f"{'method':<22} {'workload':<12} {'conc':>4} {'n':>5} {'exec/s':>8} {'p50 ms':>8} {'p95 ms':>8} {'ok':>5}"
     lines = [head, "-" * len(head)]
     for r in rows:
-        lines.append(f"{r.method:<22} {r.workload:<12} {r.concurrency:>4} {r.n:>5} {r.per_s:>8.1f} "
-                     f"{r.p50_ms:>8.1f} {r.p95_ms:>8.1f} {r.ok:>5}")
+        lines.append(
+            f"{r.method:<22} {r.workload:<12} {r.concurrency:>4} {r.n:>5} {r.per_s:>8.1f} "
+            f"{r.p50_ms:>8.1f} {r.p95_ms:>8.1f} {r.ok:>5}"
+        )
     return "\n".join(lines)

@@ -1,9 +1,9 @@
 """The sandbox's commands: `tempering sandbox run | doctor | serve | bench`.
 
-    tempering sandbox run FILE [--lang L] [--json]   execute one program and print what it did
-    tempering sandbox doctor                         which protections are active on this machine
-    tempering sandbox serve [--host H --port P]      the sandbox as an HTTP service
-    tempering sandbox bench                          throughput and latency of the warm worker pool
+tempering sandbox run FILE [--lang L] [--json]   execute one program and print what it did
+tempering sandbox doctor                         which protections are active on this machine
+tempering sandbox serve [--host H --port P]      the sandbox as an HTTP service
+tempering sandbox bench                          throughput and latency of the warm worker pool
 """
 
 from __future__ import annotations
@@ -26,15 +26,22 @@ def cmd_sandbox_run(args: argparse.Namespace) -> int:
         raise TemperingError(f"program file '{path}' does not exist")
     stdin = Path(args.stdin).read_text() if args.stdin else None
     with open_sandbox(SandboxSection(workers=1, isolation=args.isolation)) as sandbox:
-        result = sandbox.run(path.read_text(), language=args.lang, stdin=stdin, timeout_s=args.timeout,
-                             memory_mb=args.memory_mb)
+        result = sandbox.run(
+            path.read_text(),
+            language=args.lang,
+            stdin=stdin,
+            timeout_s=args.timeout,
+            memory_mb=args.memory_mb,
+        )
     if args.json:
         print(json.dumps(result.to_json(), indent=1))
     else:
         sys.stdout.write(result.stdout)
         sys.stderr.write(result.stderr)
-        print(f"[{result.status}] exit={result.exit_code} wall={result.wall_time_s:.3f}s cpu={result.cpu_time_s:.3f}s",
-              file=sys.stderr)
+        print(
+            f"[{result.status}] exit={result.exit_code} wall={result.wall_time_s:.3f}s cpu={result.cpu_time_s:.3f}s",
+            file=sys.stderr,
+        )
     return 0 if result.status == "ok" else 1
 
 
@@ -48,8 +55,10 @@ def cmd_sandbox_doctor(args: argparse.Namespace) -> int:
 
     with open_sandbox(SandboxSection(workers=1, isolation=args.isolation)) as sandbox:
         checks = {lang: sandbox.run(code, language=lang).status for lang, code in _HELLO.items()}
-        table = Table(title=f"sandbox backend: {sandbox.backend}"
-                      + (f" ({sandbox.isolation.why_not_bwrap})" if sandbox.isolation.why_not_bwrap else ""))
+        table = Table(
+            title=f"sandbox backend: {sandbox.backend}"
+            + (f" ({sandbox.isolation.why_not_bwrap})" if sandbox.isolation.why_not_bwrap else "")
+        )
         table.add_column("protection")
         table.add_column("active")
         table.add_column("how")
@@ -57,7 +66,9 @@ def cmd_sandbox_doctor(args: argparse.Namespace) -> int:
             table.add_row(p.name, "[green]yes[/]" if p.active else "[red]NO[/]", p.how)
     console = Console()
     console.print(table)
-    console.print("languages: " + ", ".join(f"{lang} {'ok' if st == 'ok' else st}" for lang, st in checks.items()))
+    console.print(
+        "languages: " + ", ".join(f"{lang} {'ok' if st == 'ok' else st}" for lang, st in checks.items())
+    )
     return 0
 
 
@@ -74,12 +85,19 @@ def cmd_sandbox_serve(args: argparse.Namespace) -> int:
     from tempering.sandbox.service import ServiceLimits, sandbox_token, serve
 
     token = sandbox_token(args.token_file)
-    limits = ServiceLimits(max_request_bytes=int(args.max_request_mb * (1 << 20)), max_pending=args.max_pending,
-                           client_pending=args.client_pending, client_concurrency=args.client_concurrency,
-                           max_timeout_s=args.max_timeout_s, max_memory_mb=args.max_memory_mb)
+    limits = ServiceLimits(
+        max_request_bytes=int(args.max_request_mb * (1 << 20)),
+        max_pending=args.max_pending,
+        client_pending=args.client_pending,
+        client_concurrency=args.client_concurrency,
+        max_timeout_s=args.max_timeout_s,
+        max_memory_mb=args.max_memory_mb,
+    )
     auth = "token required" if token else "no token (loopback only)"
-    print(f"sandbox service on http://{args.host}:{args.port} ({args.workers} workers, {auth}); Ctrl-C stops it",
-          file=sys.stderr)
+    print(
+        f"sandbox service on http://{args.host}:{args.port} ({args.workers} workers, {auth}); Ctrl-C stops it",
+        file=sys.stderr,
+    )
     serve(args.host, args.port, workers=args.workers, isolation=args.isolation, service=limits, token=token)
     return 0
 
@@ -87,17 +105,23 @@ def cmd_sandbox_serve(args: argparse.Namespace) -> int:
 def cmd_sandbox_bench(args: argparse.Namespace) -> int:
     from tempering.sandbox.bench import bench_pool, format_table
 
-    rows = [bench_pool(c, args.n, w, args.isolation) for w in ("trivial", "10-test") for c in args.concurrency]
+    rows = [
+        bench_pool(c, args.n, w, args.isolation) for w in ("trivial", "10-test") for c in args.concurrency
+    ]
     print(format_table(rows))
     return 0
 
 
 def add_parsers(sub) -> None:
     """`tempering sandbox run | doctor | serve | bench`."""
-    sandbox = sub.add_parser("sandbox", help="sandboxed execution").add_subparsers(dest="sandbox_command",
-                                                                                 required=True)
-    isolation = {"choices": ["auto", "bwrap", "process"], "default": "auto",
-                 "help": "bwrap containers, plain processes, or auto (bwrap where it works)"}
+    sandbox = sub.add_parser("sandbox", help="sandboxed execution").add_subparsers(
+        dest="sandbox_command", required=True
+    )
+    isolation = {
+        "choices": ["auto", "bwrap", "process"],
+        "default": "auto",
+        "help": "bwrap containers, plain processes, or auto (bwrap where it works)",
+    }
     p = sandbox.add_parser("run", help="run one program and print what it did")
     p.add_argument("file")
     p.add_argument("--lang", default="python", choices=["python", "c", "cpp", "javascript", "bash"])
@@ -114,15 +138,30 @@ def add_parsers(sub) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (loopback by default)")
     p.add_argument("--port", type=port_number, default=8080)
     p.add_argument("--workers", type=positive_int, default=2)
-    p.add_argument("--max-pending", type=positive_int, default=1024, help="executions held at once; more get 429")
-    p.add_argument("--client-pending", type=positive_int, default=256, help="executions one client may hold at once")
-    p.add_argument("--client-concurrency", type=positive_int, default=None,
-                   help="executions of one client running at once (default: all workers)")
-    p.add_argument("--max-request-mb", type=positive_float, default=16, help="largest request body; more get 413")
-    p.add_argument("--max-timeout-s", type=positive_float, default=60.0, help="cap on a request's time limits")
+    p.add_argument(
+        "--max-pending", type=positive_int, default=1024, help="executions held at once; more get 429"
+    )
+    p.add_argument(
+        "--client-pending", type=positive_int, default=256, help="executions one client may hold at once"
+    )
+    p.add_argument(
+        "--client-concurrency",
+        type=positive_int,
+        default=None,
+        help="executions of one client running at once (default: all workers)",
+    )
+    p.add_argument(
+        "--max-request-mb", type=positive_float, default=16, help="largest request body; more get 413"
+    )
+    p.add_argument(
+        "--max-timeout-s", type=positive_float, default=60.0, help="cap on a request's time limits"
+    )
     p.add_argument("--max-memory-mb", type=positive_int, default=2048, help="cap on a request's memory limit")
-    p.add_argument("--token-file", help="file holding the shared secret clients must send (default: "
-                   "$TEMPERING_SANDBOX_TOKEN); required on a non-loopback --host")
+    p.add_argument(
+        "--token-file",
+        help="file holding the shared secret clients must send (default: "
+        "$TEMPERING_SANDBOX_TOKEN); required on a non-loopback --host",
+    )
     p.add_argument("--isolation", **isolation)
     p.set_defaults(fn=cmd_sandbox_serve)
     p = sandbox.add_parser("bench", help="throughput and latency of the warm worker pool")

@@ -29,8 +29,14 @@ from pydantic import BaseModel
 from tempering.sandbox.execution import ExecRequest, SandboxLimits
 
 # SandboxFusion's language names -> tempering's. "c" and "javascript" are tempering's own names, accepted too.
-LANGUAGES = {"python": "python", "cpp": "cpp", "c": "c", "nodejs": "javascript", "javascript": "javascript",
-             "bash": "bash"}
+LANGUAGES = {
+    "python": "python",
+    "cpp": "cpp",
+    "c": "c",
+    "nodejs": "javascript",
+    "javascript": "javascript",
+    "bash": "bash",
+}
 COMPILED = ("c", "cpp")
 
 
@@ -50,8 +56,10 @@ class RunCode(BaseModel):
 def unsupported(body: RunCode) -> str | None:
     """Why this request cannot run here, or None."""
     if body.language not in LANGUAGES:
-        return (f"language '{body.language}' is not supported by tempering's sandbox; "
-                f"supported: {', '.join(LANGUAGES)}")
+        return (
+            f"language '{body.language}' is not supported by tempering's sandbox; "
+            f"supported: {', '.join(LANGUAGES)}"
+        )
     if body.files or body.fetch_files:
         return "files and fetch_files are not supported by tempering's sandbox"
     return None
@@ -61,19 +69,35 @@ def to_request(body: RunCode, limits: SandboxLimits, max_timeout_s: float) -> Ex
     """The ExecRequest for a /run_code body; timeouts are capped at `max_timeout_s`."""
     run_s = max(0.1, min(body.run_timeout, max_timeout_s))
     memory = body.memory_limit_MB if body.memory_limit_MB > 0 else limits.memory_mb
-    lim = replace(limits, timeout_s=run_s, cpu_s=run_s, memory_mb=memory,
-                  compile_timeout_s=max(0.1, min(body.compile_timeout, max_timeout_s)))
+    lim = replace(
+        limits,
+        timeout_s=run_s,
+        cpu_s=run_s,
+        memory_mb=memory,
+        compile_timeout_s=max(0.1, min(body.compile_timeout, max_timeout_s)),
+    )
     return ExecRequest(code=body.code, language=LANGUAGES[body.language], stdin=body.stdin, limits=lim)
 
 
 def _command(status: str, time_s: Any, return_code: int | None, stdout: str = "", stderr: str = "") -> dict:
-    return {"status": status, "execution_time": time_s, "return_code": return_code, "stdout": stdout,
-            "stderr": stderr}
+    return {
+        "status": status,
+        "execution_time": time_s,
+        "return_code": return_code,
+        "stdout": stdout,
+        "stderr": stderr,
+    }
 
 
 def error_response(message: str) -> dict[str, Any]:
-    return {"status": "SandboxError", "message": message, "compile_result": None, "run_result": None,
-            "executor_pod_name": None, "files": {}}
+    return {
+        "status": "SandboxError",
+        "message": message,
+        "compile_result": None,
+        "run_result": None,
+        "executor_pod_name": None,
+        "files": {},
+    }
 
 
 def to_response(raw: dict[str, Any], language: str) -> dict[str, Any]:
@@ -81,13 +105,24 @@ def to_response(raw: dict[str, Any], language: str) -> dict[str, Any]:
     status = raw.get("status")
     if status == "sandbox_error":
         return error_response(raw.get("stderr") or "sandbox error")
-    out = {"status": "Failed", "message": "" if status == "ok" else status, "compile_result": None,
-           "run_result": None, "executor_pod_name": None, "files": {}}
+    out = {
+        "status": "Failed",
+        "message": "" if status == "ok" else status,
+        "compile_result": None,
+        "run_result": None,
+        "executor_pod_name": None,
+        "files": {},
+    }
     if LANGUAGES.get(language) in COMPILED:
         if status == "compile_error":
             timed_out = bool(raw.get("compile_timed_out"))
-            out["compile_result"] = _command("TimeLimitExceeded" if timed_out else "Finished", raw.get("wall_time_s"),
-                                             None if timed_out else raw.get("exit_code", 1), "", raw.get("stderr", ""))
+            out["compile_result"] = _command(
+                "TimeLimitExceeded" if timed_out else "Finished",
+                raw.get("wall_time_s"),
+                None if timed_out else raw.get("exit_code", 1),
+                "",
+                raw.get("stderr", ""),
+            )
             return out
         out["compile_result"] = _command("Finished", raw.get("compile_time_s"), 0)
     if status == "timeout":
@@ -96,8 +131,13 @@ def to_response(raw: dict[str, Any], language: str) -> dict[str, Any]:
         code = raw["exit_code"]
     else:  # killed by a signal: the negative signal number, as a subprocess reports it
         code = -(raw.get("signal") or 9)
-    out["run_result"] = _command("TimeLimitExceeded" if status == "timeout" else "Finished", raw.get("wall_time_s"),
-                                 code, raw.get("stdout", ""), raw.get("stderr", ""))
+    out["run_result"] = _command(
+        "TimeLimitExceeded" if status == "timeout" else "Finished",
+        raw.get("wall_time_s"),
+        code,
+        raw.get("stdout", ""),
+        raw.get("stderr", ""),
+    )
     if status == "ok" and code == 0:
         out["status"] = "Success"
     return out

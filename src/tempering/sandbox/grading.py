@@ -19,12 +19,18 @@ def test_requests(task: Task, code: str, limits: SandboxLimits) -> list[ExecRequ
     """Function-call tasks: one execution calls the entry point on every input. stdin tasks: one per case."""
     if task.tests[0].is_call:
         calls = [list(t.input) for t in task.tests]
-        return [ExecRequest(code=code, language=task.language, entry_point=task.entry_point, calls=calls,
-                            limits=limits)]
+        return [
+            ExecRequest(
+                code=code, language=task.language, entry_point=task.entry_point, calls=calls, limits=limits
+            )
+        ]
     if task.tests[0].is_check:
         checks = [t.check for t in task.tests]
-        return [ExecRequest(code=code, language=task.language, entry_point=task.entry_point, checks=checks,
-                            limits=limits)]
+        return [
+            ExecRequest(
+                code=code, language=task.language, entry_point=task.entry_point, checks=checks, limits=limits
+            )
+        ]
     return [ExecRequest(code=code, language=task.language, stdin=t.stdin, limits=limits) for t in task.tests]
 
 
@@ -45,7 +51,9 @@ def grade(task: Task, raw: list[dict[str, Any]]) -> ExecResult:
         elif normalize_stdout(r.stdout) == normalize_stdout(t.stdout or ""):
             tests.append(TestResult(name, True))
         else:
-            tests.append(TestResult(name, False, f"expected stdout {_short(t.stdout)}, got {_short(r.stdout)}"))
+            tests.append(
+                TestResult(name, False, f"expected stdout {_short(t.stdout)}, got {_short(r.stdout)}")
+            )
     worst = next((r for r in results if r.status != "ok"), results[0])
     merged = replace(worst, tests=tests, flags=sorted({f for r in results for f in r.flags}))
     merged.wall_time_s = sum(r.wall_time_s for r in results)
@@ -56,8 +64,11 @@ def grade(task: Task, raw: list[dict[str, Any]]) -> ExecResult:
 
 def _no_result(name: str, result: ExecResult) -> TestResult:
     why = {"timeout": "timed out", "memory_limit": "out of memory", "output_limit": "output limit"}.get(
-        result.status, "the program ended before this test ran")
-    return TestResult(name, False, f"no result: {why}" + (f"\n{_tail(result.stderr)}" if result.stderr else ""))
+        result.status, "the program ended before this test ran"
+    )
+    return TestResult(
+        name, False, f"no result: {why}" + (f"\n{_tail(result.stderr)}" if result.stderr else "")
+    )
 
 
 def _grade_check(i: int, test: TestCase, verdict: dict[str, Any] | None, result: ExecResult) -> TestResult:
@@ -65,7 +76,9 @@ def _grade_check(i: int, test: TestCase, verdict: dict[str, Any] | None, result:
     name = test.name or f"test_{i}"
     if verdict is None:
         return _no_result(name, result)
-    return TestResult(name, bool(verdict.get("ok")), None if verdict.get("ok") else verdict.get("error", "failed"))
+    return TestResult(
+        name, bool(verdict.get("ok")), None if verdict.get("ok") else verdict.get("error", "failed")
+    )
 
 
 def _grade_call(i: int, test: TestCase, call: dict[str, Any] | None, result: ExecResult) -> TestResult:
@@ -77,7 +90,9 @@ def _grade_call(i: int, test: TestCase, call: dict[str, Any] | None, result: Exe
     try:
         actual = parse_value(call["value"])
     except ValueError:
-        return TestResult(name, False, f"returned a value that is not a plain literal: {_short(call['value'])}")
+        return TestResult(
+            name, False, f"returned a value that is not a plain literal: {_short(call['value'])}"
+        )
     if compare_values(actual, test.output):
         return TestResult(name, True)
     args = ", ".join(map(repr, test.input or []))

@@ -37,21 +37,31 @@ from tempering.sandbox.uids import WorkerIds, lease_worker_ids
 
 WORKER_SCRIPT = Path(__file__).with_name("_worker.py")
 LAUNCH_SOURCE = Path(__file__).with_name("_launch.py").read_text()
-WORKER_BOOT = ("import os; f = os.fdopen({fd}, 'rb'); source = f.read(); f.close(); "
-               "exec(compile(source, 'tempering-sandbox-worker', 'exec'), {{'__name__': '__main__'}})")
+WORKER_BOOT = (
+    "import os; f = os.fdopen({fd}, 'rb'); source = f.read(); f.close(); "
+    "exec(compile(source, 'tempering-sandbox-worker', 'exec'), {{'__name__': '__main__'}})"
+)
 BACKENDS = ("auto", "bwrap", "process")
 # Host uids when the host is root: each worker a pair (server, program) leased host-wide (`uids.py`), so
 # a fork bomb in one worker cannot starve another and no program shares a uid with any server.
 PROGRAM_ID = 1  # the program's uid and gid inside a split worker's user namespace (the server is 0)
 # What the fork server keeps, inside its user namespace: switching a child to the program uid, killing
 # what an execution left behind, and creating / wiping the program's scratch directory.
-SERVER_CAPS = {"CAP_CHOWN": 0, "CAP_DAC_OVERRIDE": 1, "CAP_FOWNER": 3, "CAP_KILL": 5, "CAP_SETGID": 6,
-               "CAP_SETUID": 7}
+SERVER_CAPS = {
+    "CAP_CHOWN": 0,
+    "CAP_DAC_OVERRIDE": 1,
+    "CAP_FOWNER": 3,
+    "CAP_KILL": 5,
+    "CAP_SETGID": 6,
+    "CAP_SETUID": 7,
+}
 # Every worker runs with a fixed hash seed: set iteration order (and so a program's output) is the same
 # on every worker of every backend, and across resumed runs.
 WORKER_ENV = {"PYTHONHASHSEED": "0"}
 SCRATCH = "/tmp"  # where the scratch tmpfs is mounted, in the worker's mount namespace
-IMPORTS = "/run/tempering-imports"  # where a contained worker sees its import paths (IMPORTS/0, IMPORTS/1, ...)
+IMPORTS = (
+    "/run/tempering-imports"  # where a contained worker sees its import paths (IMPORTS/0, IMPORTS/1, ...)
+)
 HANDSHAKE_TIMEOUT_S = 20.0
 
 
@@ -66,13 +76,13 @@ class Protection:
 class Isolation:
     """A resolved backend: what starts a worker, and which protections that gives."""
 
-    backend: str                 # "bwrap" or "process"
+    backend: str  # "bwrap" or "process"
     python: str
     scratch_mb: int = 64
     scratch_inodes: int = 8192
     bwrap: str | None = None
     why_not_bwrap: str | None = None
-    uid_split: bool = False      # programs run under a uid other than their server's (see module doc)
+    uid_split: bool = False  # programs run under a uid other than their server's (see module doc)
     why_not_split: str | None = None
     python_path: tuple[str, ...] = ()
     """Directories bound read-only (same path) into the container and put first on the worker's sys.path."""
@@ -88,14 +98,24 @@ class Isolation:
 
     def worker_config(self) -> dict:
         """What the fork server is told on its command line (`_worker.main`)."""
-        return {"scratch": SCRATCH if self.uid_split or self.backend == "bwrap" else None,  # None: a temp dir
-                "program_id": PROGRAM_ID if self.uid_split else None,
-                "path": self.import_views(), "preload": list(self.preload)}
+        return {
+            "scratch": SCRATCH if self.uid_split or self.backend == "bwrap" else None,  # None: a temp dir
+            "program_id": PROGRAM_ID if self.uid_split else None,
+            "path": self.import_views(),
+            "preload": list(self.preload),
+        }
 
     def worker_argv(self, boot_fd: int) -> list[str]:
         """The fork server's own command line; its source comes on the inherited pipe `boot_fd`
         (`WORKER_BOOT`), so it need not be readable by the worker's uid or present in the container."""
-        return [self.python, "-s", "-B", "-c", WORKER_BOOT.format(fd=boot_fd), json.dumps(self.worker_config())]
+        return [
+            self.python,
+            "-s",
+            "-B",
+            "-c",
+            WORKER_BOOT.format(fd=boot_fd),
+            json.dumps(self.worker_config()),
+        ]
 
     def command(self, ids: WorkerIds | None, inner: list[str]) -> tuple[list[str], dict]:
         """argv and Popen keyword arguments that run `inner` as a worker with the uids `ids`."""
@@ -105,11 +125,20 @@ class Isolation:
             binds = list(zip(views if self.uid_split else self.python_path, views))
             inner = [self.bwrap, *bwrap_args(self.scratch_mb, binds, split=self.uid_split), "--", *inner]
         if self.uid_split:  # started as root: the launcher maps the uids, see _launch.py
-            os.makedirs(IMPORTS, mode=0o755, exist_ok=True)  # the launcher's mount point (in its own namespace)
-            config = {"scratch": SCRATCH, "scratch_mb": self.scratch_mb, "scratch_inodes": self.scratch_inodes,
-                      "argv": inner, "env": WORKER_ENV, "die_with_parent": not bw,
-                      "bounding_caps": None if bw else sorted(SERVER_CAPS.values()),
-                      "imports_root": IMPORTS, "imports": [list(b) for b in zip(self.python_path, views)]}
+            os.makedirs(
+                IMPORTS, mode=0o755, exist_ok=True
+            )  # the launcher's mount point (in its own namespace)
+            config = {
+                "scratch": SCRATCH,
+                "scratch_mb": self.scratch_mb,
+                "scratch_inodes": self.scratch_inodes,
+                "argv": inner,
+                "env": WORKER_ENV,
+                "die_with_parent": not bw,
+                "bounding_caps": None if bw else sorted(SERVER_CAPS.values()),
+                "imports_root": IMPORTS,
+                "imports": [list(b) for b in zip(self.python_path, views)],
+            }
             return [self.python, "-s", "-B", "-c", LAUNCH_SOURCE, json.dumps(config)], {}
         run_as = {"user": ids.server, "group": ids.server, "extra_groups": []} if ids is not None else {}
         return inner, run_as
@@ -117,8 +146,17 @@ class Isolation:
     def start(self, ids: WorkerIds | None, inner: list[str], *, stderr, pass_fds=()) -> subprocess.Popen:
         """Start `inner` as a worker with pipes on stdin/stdout; a split worker's uids are mapped first."""
         argv, run_as = self.command(ids, inner)
-        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, env=WORKER_ENV,
-                                cwd="/", start_new_session=True, pass_fds=pass_fds, **run_as)
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            env=WORKER_ENV,
+            cwd="/",
+            start_new_session=True,
+            pass_fds=pass_fds,
+            **run_as,
+        )
         if self.uid_split:
             try:
                 ready = select.select([proc.stdout], [], [], HANDSHAKE_TIMEOUT_S)[0]
@@ -140,54 +178,116 @@ class Isolation:
         off = f"off: {self.why_not_bwrap or 'bubblewrap not used'}"
         nested = info.get("max_user_namespaces")
         if split:
-            scratch = f"tmpfs of {self.scratch_mb} MiB and {self.scratch_inodes} inodes, wiped after each execution"
+            scratch = (
+                f"tmpfs of {self.scratch_mb} MiB and {self.scratch_inodes} inodes, wiped after each execution"
+            )
         elif bw:
-            scratch = (f"tmpfs of {self.scratch_mb} MiB, wiped after each execution; NO inode cap "
-                       f"({self.why_not_split or 'bubblewrap --tmpfs has a size option only'})")
+            scratch = (
+                f"tmpfs of {self.scratch_mb} MiB, wiped after each execution; NO inode cap "
+                f"({self.why_not_split or 'bubblewrap --tmpfs has a size option only'})"
+            )
         else:
-            scratch = "scratch directory wiped after each execution; no size or inode limit beyond RLIMIT_FSIZE"
+            scratch = (
+                "scratch directory wiped after each execution; no size or inode limit beyond RLIMIT_FSIZE"
+            )
         return [
-            Protection("network isolation", bw, "new network namespace (no interfaces but its own loopback)"
-                       if bw else off),
-            Protection("filesystem isolation", bw, "only /usr is visible, read-only; root and /dev read-only"
-                       + (f"; {len(self.python_path)} import path(s) read-only" if self.python_path else "")
-                       if bw else off + " (the program sees the host's filesystem with its uid's rights)"),
+            Protection(
+                "network isolation",
+                bw,
+                "new network namespace (no interfaces but its own loopback)" if bw else off,
+            ),
+            Protection(
+                "filesystem isolation",
+                bw,
+                "only /usr is visible, read-only; root and /dev read-only"
+                + (f"; {len(self.python_path)} import path(s) read-only" if self.python_path else "")
+                if bw
+                else off + " (the program sees the host's filesystem with its uid's rights)",
+            ),
             Protection("scratch size and inode cap", split, scratch),
-            Protection("program uid != server uid", split,
-                       f"programs run as host uid {ids.program}, their fork server as {ids.server}: a program "
-                       "cannot signal, ptrace or prlimit it" if split and ids else
-                       f"off: {self.why_not_split}; a program shares its server's uid (damage to the server is "
-                       "detected after each execution and the worker replaced)"
-                       + ("" if bw or root else ", and every process of this user on the host, which it can "
-                          "signal and prlimit: use bubblewrap")),
-            Protection("server privileges bounded", split,
-                       f"the server keeps only {', '.join(SERVER_CAPS)}, valid in its user namespace of two "
-                       "uids; each program drops all (no_new_privs)" if split else
-                       "off: the server has no capabilities to bound (a single uid)"),
-            Protection("pid namespace", bw, "worker is PID 1: a program cannot see host processes, nor signal it"
-                       if bw else off),
-            Protection("no nested user namespaces", nested == 0,
-                       "max_user_namespaces=0 in the worker's namespace: no private tmpfs outside the caps"
-                       if nested == 0 else "off: a program may create user namespaces (and tmpfs mounts there)"),
-            Protection("no capabilities", bw or split or not root, "programs have none (no_new_privs)"
-                       if bw or split else ("runs as a non-root uid" if ids is not None else "the worker runs as root")),
-            Protection("unprivileged uid", ids is not None or not root,
-                       f"uid {ids.program}" if ids is not None else f"uid {os.geteuid()}"),
-            Protection("process limit (RLIMIT_NPROC)", ids is not None or not root,
-                       "per-worker program uid" if ids is not None else
-                       f"counts every process of uid {os.geteuid()}, the host user's own included"
-                       if not root else "not enforced for root"),
+            Protection(
+                "program uid != server uid",
+                split,
+                f"programs run as host uid {ids.program}, their fork server as {ids.server}: a program "
+                "cannot signal, ptrace or prlimit it"
+                if split and ids
+                else f"off: {self.why_not_split}; a program shares its server's uid (damage to the server is "
+                "detected after each execution and the worker replaced)"
+                + (
+                    ""
+                    if bw or root
+                    else ", and every process of this user on the host, which it can "
+                    "signal and prlimit: use bubblewrap"
+                ),
+            ),
+            Protection(
+                "server privileges bounded",
+                split,
+                f"the server keeps only {', '.join(SERVER_CAPS)}, valid in its user namespace of two "
+                "uids; each program drops all (no_new_privs)"
+                if split
+                else "off: the server has no capabilities to bound (a single uid)",
+            ),
+            Protection(
+                "pid namespace",
+                bw,
+                "worker is PID 1: a program cannot see host processes, nor signal it" if bw else off,
+            ),
+            Protection(
+                "no nested user namespaces",
+                nested == 0,
+                "max_user_namespaces=0 in the worker's namespace: no private tmpfs outside the caps"
+                if nested == 0
+                else "off: a program may create user namespaces (and tmpfs mounts there)",
+            ),
+            Protection(
+                "no capabilities",
+                bw or split or not root,
+                "programs have none (no_new_privs)"
+                if bw or split
+                else ("runs as a non-root uid" if ids is not None else "the worker runs as root"),
+            ),
+            Protection(
+                "unprivileged uid",
+                ids is not None or not root,
+                f"uid {ids.program}" if ids is not None else f"uid {os.geteuid()}",
+            ),
+            Protection(
+                "process limit (RLIMIT_NPROC)",
+                ids is not None or not root,
+                "per-worker program uid"
+                if ids is not None
+                else f"counts every process of uid {os.geteuid()}, the host user's own included"
+                if not root
+                else "not enforced for root",
+            ),
             Protection("rlimits: CPU, address space, file size, open files", True, "set in every child"),
-            Protection("process-tree kill", True, "process group killed, then every leftover process "
-                       + ("in the namespace" if bw else "reparented to the worker (child subreaper)")),
-            Protection("worker health check", True, "the server compares its own rlimits after each execution; "
-                       "a damaged worker, or one that returned sandbox_error, is replaced"),
+            Protection(
+                "process-tree kill",
+                True,
+                "process group killed, then every leftover process "
+                + ("in the namespace" if bw else "reparented to the worker (child subreaper)"),
+            ),
+            Protection(
+                "worker health check",
+                True,
+                "the server compares its own rlimits after each execution; "
+                "a damaged worker, or one that returned sandbox_error, is replaced",
+            ),
             Protection("deterministic hash seed", True, "PYTHONHASHSEED=0 in every worker"),
             Protection("empty environment", True, "programs start with no variables"),
-            Protection("dies with its parent", bw or split, "parent-death signal" if bw or split else
-                       "worker exits when its pipe closes; a running program is killed then"),
-            Protection("tests out of the program's reach", True,
-                       "expected values stay in the host; check() code runs in a separate process"),
+            Protection(
+                "dies with its parent",
+                bw or split,
+                "parent-death signal"
+                if bw or split
+                else "worker exits when its pipe closes; a running program is killed then",
+            ),
+            Protection(
+                "tests out of the program's reach",
+                True,
+                "expected values stay in the host; check() code runs in a separate process",
+            ),
         ]
 
 
@@ -195,13 +295,29 @@ def bwrap_args(scratch_mb: int, ro_binds: list[tuple[str, str]] = (), *, split: 
     """bubblewrap's options. `split`: bwrap runs as root of the launcher's user namespace and must not make
     another one (which would map a single uid); the scratch tmpfs is the launcher's, bound in."""
     if split:
-        args = ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
-                "--cap-drop", "ALL"]
+        args = [
+            "--unshare-pid",
+            "--unshare-net",
+            "--unshare-ipc",
+            "--unshare-uts",
+            "--unshare-cgroup-try",
+            "--cap-drop",
+            "ALL",
+        ]
         for cap in SERVER_CAPS:
             args += ["--cap-add", cap]
     else:
         args = ["--unshare-all", "--cap-drop", "ALL"]
-    args += ["--die-with-parent", "--new-session", "--as-pid-1", "--hostname", "sandbox", "--ro-bind", "/usr", "/usr"]
+    args += [
+        "--die-with-parent",
+        "--new-session",
+        "--as-pid-1",
+        "--hostname",
+        "sandbox",
+        "--ro-bind",
+        "/usr",
+        "/usr",
+    ]
     for top in ("bin", "sbin", "lib", "lib64", "lib32", "libx32"):
         path = Path("/") / top
         if path.is_symlink():
@@ -276,8 +392,12 @@ def resolve(backend: str, python: str, scratch_mb: int = 64, scratch_inodes: int
         raise SandboxError(f"sandbox.isolation must be one of {', '.join(BACKENDS)}, not '{backend}'")
     why_not_split = _split_works(python)
     split = why_not_split is None
-    sizes = {"scratch_mb": scratch_mb, "scratch_inodes": scratch_inodes, "uid_split": split,
-             "why_not_split": why_not_split}
+    sizes = {
+        "scratch_mb": scratch_mb,
+        "scratch_inodes": scratch_inodes,
+        "uid_split": split,
+        "why_not_split": why_not_split,
+    }
     if backend == "process":
         return Isolation("process", python, why_not_bwrap="sandbox.isolation=process", **sizes)
     bwrap = shutil.which("bwrap")
@@ -285,7 +405,8 @@ def resolve(backend: str, python: str, scratch_mb: int = 64, scratch_inodes: int
     if why is None:
         return Isolation("bwrap", python, bwrap=bwrap, **sizes)
     if backend == "bwrap":
-        raise SandboxError(f"sandbox.isolation=bwrap but {why}; install bubblewrap (apt-get install bubblewrap) "
-                           "or set sandbox.isolation=auto to fall back to process isolation")
+        raise SandboxError(
+            f"sandbox.isolation=bwrap but {why}; install bubblewrap (apt-get install bubblewrap) "
+            "or set sandbox.isolation=auto to fall back to process isolation"
+        )
     return Isolation("process", python, why_not_bwrap=why, **sizes)
-

@@ -65,8 +65,9 @@ class _Worker:
         self.errors = tempfile.TemporaryFile()
         boot_r, boot_w = os.pipe()  # the worker's source (see isolation.WORKER_BOOT)
         try:
-            self.proc = isolation.start(self.ids, isolation.worker_argv(boot_r), stderr=self.errors,
-                                        pass_fds=(boot_r,))
+            self.proc = isolation.start(
+                self.ids, isolation.worker_argv(boot_r), stderr=self.errors, pass_fds=(boot_r,)
+            )
         except OSError as e:
             os.close(boot_w)
             self.errors.close()
@@ -87,9 +88,13 @@ class _Worker:
             self.errors.seek(0)
             detail = self.errors.read().decode(errors="replace").strip()[-500:]
             self.close()
-            raise SandboxError(f"sandbox worker failed to start: {e}" + (f": {detail}" if detail else "")) from None
+            raise SandboxError(
+                f"sandbox worker failed to start: {e}" + (f": {detail}" if detail else "")
+            ) from None
 
-    def request(self, payload: dict[str, Any], timeout_s: float, secret: dict | None = None) -> dict[str, Any]:
+    def request(
+        self, payload: dict[str, Any], timeout_s: float, secret: dict | None = None
+    ) -> dict[str, Any]:
         """The worker's answer to `payload`. Each request carries a new id that the worker echoes: an answer
         with any other id (one left in the pipe by an earlier request) is never taken for this one's."""
         self.sent += 1
@@ -101,7 +106,9 @@ class _Worker:
             raise WorkerDied(f"sandbox worker is gone ({e})") from None
         resp = self._receive(time.monotonic() + timeout_s)
         if resp.get("id") != self.sent:
-            raise SandboxError(f"sandbox worker answered request {resp.get('id')!r} when asked request {self.sent}")
+            raise SandboxError(
+                f"sandbox worker answered request {resp.get('id')!r} when asked request {self.sent}"
+            )
         del resp["id"]
         return resp
 
@@ -166,12 +173,15 @@ class Sandbox:
 
     limits: SandboxLimits
 
-    def execute_many(self, requests: list[ExecRequest], *, concurrency: int | None = None) -> list[dict[str, Any]]:
+    def execute_many(
+        self, requests: list[ExecRequest], *, concurrency: int | None = None
+    ) -> list[dict[str, Any]]:
         """Raw worker responses (see `_worker.collect`), in the order of `requests`."""
         raise NotImplementedError
 
-    def request(self, code: str, *, timeout_s: float | None = None, memory_mb: int | None = None,
-                **kw: Any) -> ExecRequest:
+    def request(
+        self, code: str, *, timeout_s: float | None = None, memory_mb: int | None = None, **kw: Any
+    ) -> ExecRequest:
         """An ExecRequest with this sandbox's limits, optionally with another timeout / memory limit."""
         limits = self.limits
         if timeout_s is not None:
@@ -180,8 +190,15 @@ class Sandbox:
             limits = replace(limits, memory_mb=memory_mb)
         return ExecRequest(code=code, limits=limits, **kw)
 
-    def run(self, code: str, *, language: str = "python", stdin: str | None = None,
-            timeout_s: float | None = None, memory_mb: int | None = None) -> ExecResult:
+    def run(
+        self,
+        code: str,
+        *,
+        language: str = "python",
+        stdin: str | None = None,
+        timeout_s: float | None = None,
+        memory_mb: int | None = None,
+    ) -> ExecResult:
         """Execute one program and return what it did."""
         req = self.request(code, language=language, stdin=stdin, timeout_s=timeout_s, memory_mb=memory_mb)
         return self.run_batch([req])[0]
@@ -194,7 +211,9 @@ class Sandbox:
         """Execute `code` against the task's hidden tests."""
         return self.run_tests_batch([(task, code)])[0]
 
-    def run_tests_batch(self, items: list[tuple[Task, str]], *, concurrency: int | None = None) -> list[ExecResult]:
+    def run_tests_batch(
+        self, items: list[tuple[Task, str]], *, concurrency: int | None = None
+    ) -> list[ExecResult]:
         """Run each program against its task's hidden tests; per-test verdicts are decided here, in the
         caller's process: expected outputs are never sent to a worker (or to a remote service)."""
         jobs: list[ExecRequest] = []
@@ -229,17 +248,29 @@ class LocalSandbox(Sandbox):
     (the parent-death signal follows the thread, not the process).
     """
 
-    def __init__(self, limits: SandboxLimits | None = None, *, workers: int = 2, python: str | None = None,
-                 isolation: str = "auto", scratch_mb: int = 64, scratch_inodes: int = 8192,
-                 python_path: tuple[str, ...] = (), preload: tuple[str, ...] = ()):
+    def __init__(
+        self,
+        limits: SandboxLimits | None = None,
+        *,
+        workers: int = 2,
+        python: str | None = None,
+        isolation: str = "auto",
+        scratch_mb: int = 64,
+        scratch_inodes: int = 8192,
+        python_path: tuple[str, ...] = (),
+        preload: tuple[str, ...] = (),
+    ):
         """`python_path`: directories bound read-only into each worker and put first on its sys.path;
         `preload`: modules each worker imports once before forking executions (see `_worker.prepare`)."""
         self.limits = limits or SandboxLimits()
         self.python = python or default_python()
         if not os.access(self.python, os.X_OK):
             raise SandboxError(f"sandbox interpreter '{self.python}' not found")
-        self.isolation = replace(resolve(isolation, self.python, scratch_mb, scratch_inodes),
-                                 python_path=tuple(python_path), preload=tuple(preload))
+        self.isolation = replace(
+            resolve(isolation, self.python, scratch_mb, scratch_inodes),
+            python_path=tuple(python_path),
+            preload=tuple(preload),
+        )
         for path in python_path:
             if not (os.path.isabs(path) and os.path.isdir(path)):
                 raise SandboxError(f"sandbox import path '{path}' is not an absolute path to a directory")
@@ -283,7 +314,9 @@ class LocalSandbox(Sandbox):
     def execute(self, req: ExecRequest) -> dict[str, Any]:
         """Run one request on an idle worker; the raw worker response (see `_worker.collect`)."""
         if req.language not in LANGUAGES:
-            raise SandboxError(f"language '{req.language}' is not supported; use one of {', '.join(LANGUAGES)}")
+            raise SandboxError(
+                f"language '{req.language}' is not supported; use one of {', '.join(LANGUAGES)}"
+            )
         if req.kind != "program" and req.language != "python":
             raise SandboxError(f"function-call and check() tests need language python, not '{req.language}'")
         lim = req.limits
@@ -310,18 +343,25 @@ class LocalSandbox(Sandbox):
         try:
             if worker.broken:
                 worker.close()
-                worker = self._start_worker()  # raises SandboxError if no worker can start: not the program's fault
+                worker = (
+                    self._start_worker()
+                )  # raises SandboxError if no worker can start: not the program's fault
                 self.replaced += 1
             resp = worker.request(payload, lim.timeout_s + lim.compile_timeout_s + WORKER_GRACE_S, secret)
         except WorkerDied as e:
             worker.broken = True
-            return {"status": "killed", "stderr": f"{e}: the execution ended its sandbox worker, which is replaced",
-                    "flags": ["worker_tampered"]}
+            return {
+                "status": "killed",
+                "stderr": f"{e}: the execution ended its sandbox worker, which is replaced",
+                "flags": ["worker_tampered"],
+            }
         except SandboxError as e:
             worker.broken = True
             return {"status": "sandbox_error", "stderr": str(e)}
         except BaseException:
-            worker.broken = True  # its answer may still arrive: no later request may read it (or wait behind it)
+            worker.broken = (
+                True  # its answer may still arrive: no later request may read it (or wait behind it)
+            )
             raise
         finally:
             self._idle.put(worker)
@@ -329,8 +369,11 @@ class LocalSandbox(Sandbox):
             # Possible only where program and server share a uid: the program is to blame, not the sandbox.
             worker.broken = True
             note = f"\nthe program damaged its sandbox worker ({resp['worker_damaged']}); the worker is replaced\n"
-            resp.update(status="killed", stderr=(resp.get("stderr") or "") + note,
-                        flags=sorted({*resp.get("flags", []), "worker_tampered"}))
+            resp.update(
+                status="killed",
+                stderr=(resp.get("stderr") or "") + note,
+                flags=sorted({*resp.get("flags", []), "worker_tampered"}),
+            )
         elif resp.get("status") == "sandbox_error":
             worker.broken = True
         return resp
@@ -355,5 +398,7 @@ class LocalSandbox(Sandbox):
             self._idle.get().close()
         self._spawner.shutdown()
 
-    def execute_many(self, requests: list[ExecRequest], *, concurrency: int | None = None) -> list[dict[str, Any]]:
+    def execute_many(
+        self, requests: list[ExecRequest], *, concurrency: int | None = None
+    ) -> list[dict[str, Any]]:
         return self._map(self.execute, requests, concurrency)

@@ -38,12 +38,16 @@ class ServiceLimits:
     def clamp(self, limits: SandboxLimits) -> SandboxLimits:
         """A client's limits held within the service's: a client cannot ask for an hour or 64 GB."""
         t = self.max_timeout_s
-        return replace(limits, timeout_s=min(limits.timeout_s, t), cpu_s=min(limits.cpu_s, t),
-                       compile_timeout_s=min(limits.compile_timeout_s, t),
-                       memory_mb=min(limits.memory_mb, self.max_memory_mb),
-                       max_output_bytes=min(limits.max_output_bytes, self.max_output_bytes),
-                       max_file_bytes=min(limits.max_file_bytes, self.max_file_bytes),
-                       max_processes=min(limits.max_processes, self.max_processes))
+        return replace(
+            limits,
+            timeout_s=min(limits.timeout_s, t),
+            cpu_s=min(limits.cpu_s, t),
+            compile_timeout_s=min(limits.compile_timeout_s, t),
+            memory_mb=min(limits.memory_mb, self.max_memory_mb),
+            max_output_bytes=min(limits.max_output_bytes, self.max_output_bytes),
+            max_file_bytes=min(limits.max_file_bytes, self.max_file_bytes),
+            max_processes=min(limits.max_processes, self.max_processes),
+        )
 
 
 class Batch(BaseModel):

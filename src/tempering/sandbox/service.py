@@ -47,13 +47,21 @@ def service_protection(token: str | None = None) -> Protection:
     """What `tempering sandbox serve` would require here (for `tempering sandbox doctor`)."""
     lim = ServiceLimits()
     state = "a token is configured here" if token else f"no token configured here (${TOKEN_ENV})"
-    return Protection("service auth and caps", True,
-                      f"`serve` on a non-loopback address requires a bearer token ({state}); bodies <= "
-                      f"{lim.max_request_bytes >> 20} MiB, per-client caps on queued and running executions")
+    return Protection(
+        "service auth and caps",
+        True,
+        f"`serve` on a non-loopback address requires a bearer token ({state}); bodies <= "
+        f"{lim.max_request_bytes >> 20} MiB, per-client caps on queued and running executions",
+    )
 
 
-def create_app(sandbox: LocalSandbox, *, token: str | None = None, limits: ServiceLimits | None = None,
-               max_pending: int | None = None):
+def create_app(
+    sandbox: LocalSandbox,
+    *,
+    token: str | None = None,
+    limits: ServiceLimits | None = None,
+    max_pending: int | None = None,
+):
     """An ASGI app executing requests on `sandbox` (see `app.py`)."""
     from tempering.sandbox.app import create_app as create
 
@@ -63,15 +71,25 @@ def create_app(sandbox: LocalSandbox, *, token: str | None = None, limits: Servi
     return create(sandbox, token=token, limits=limits)
 
 
-def serve(host: str = "127.0.0.1", port: int = 8080, *, workers: int = 2, isolation: str = "auto",
-          limits: SandboxLimits | None = None, service: ServiceLimits | None = None, token: str | None = None) -> None:
+def serve(
+    host: str = "127.0.0.1",
+    port: int = 8080,
+    *,
+    workers: int = 2,
+    isolation: str = "auto",
+    limits: SandboxLimits | None = None,
+    service: ServiceLimits | None = None,
+    token: str | None = None,
+) -> None:
     """Run the service until interrupted. Refuses a non-loopback address without a token."""
     import uvicorn
 
     if token is None and not is_loopback(host):
-        raise SandboxError(f"refusing to serve on {host} without a token: anyone reaching it could run code; set "
-                           f"${TOKEN_ENV} (or --token-file) to a secret of at least {MIN_TOKEN_CHARS} characters, "
-                           "and give it to the clients")
+        raise SandboxError(
+            f"refusing to serve on {host} without a token: anyone reaching it could run code; set "
+            f"${TOKEN_ENV} (or --token-file) to a secret of at least {MIN_TOKEN_CHARS} characters, "
+            "and give it to the clients"
+        )
     with LocalSandbox(limits, workers=workers, isolation=isolation) as sandbox:
         app = create_app(sandbox, token=token, limits=service)
         uvicorn.run(app, host=host, port=port, log_level="warning", timeout_keep_alive=30)
@@ -85,21 +103,37 @@ class RemoteSandbox(Sandbox):
     service reads it (`TEMPERING_SANDBOX_TOKEN` / `TEMPERING_SANDBOX_TOKEN_FILE`).
     """
 
-    def __init__(self, url: str, limits: SandboxLimits | None = None, *, timeout_s: float = 120.0,
-                 retries: int = 4, backoff_s: float = 0.5, batch_size: int = 256, concurrency: int = 4,
-                 token: str | None = None):
+    def __init__(
+        self,
+        url: str,
+        limits: SandboxLimits | None = None,
+        *,
+        timeout_s: float = 120.0,
+        retries: int = 4,
+        backoff_s: float = 0.5,
+        batch_size: int = 256,
+        concurrency: int = 4,
+        token: str | None = None,
+    ):
         self.url = url.rstrip("/")
         self.limits = limits or SandboxLimits()
         self.batch_size, self.concurrency = batch_size, concurrency
-        self._http = RetryingClient(self.url, token=token or sandbox_token(), timeout_s=timeout_s, retries=retries,
-                                    backoff_s=backoff_s)
+        self._http = RetryingClient(
+            self.url,
+            token=token or sandbox_token(),
+            timeout_s=timeout_s,
+            retries=retries,
+            backoff_s=backoff_s,
+        )
         self.size = concurrency
 
     def health(self) -> dict[str, Any]:
         return self._call("GET", "/health")
 
-    def execute_many(self, requests: list[ExecRequest], *, concurrency: int | None = None) -> list[dict[str, Any]]:
-        chunks = [requests[i: i + self.batch_size] for i in range(0, len(requests), self.batch_size)]
+    def execute_many(
+        self, requests: list[ExecRequest], *, concurrency: int | None = None
+    ) -> list[dict[str, Any]]:
+        chunks = [requests[i : i + self.batch_size] for i in range(0, len(requests), self.batch_size)]
 
         def send(chunk: list[ExecRequest]) -> list[dict[str, Any]]:
             body = {"requests": [request_to_json(r) for r in chunk]}
@@ -114,20 +148,30 @@ class RemoteSandbox(Sandbox):
         try:
             resp = self._http.request(method, path, **kw)
         except Unreachable as e:
-            raise SandboxError(f"sandbox service at {self.url} is {e}; is `tempering sandbox serve` running there?") from None
+            raise SandboxError(
+                f"sandbox service at {self.url} is {e}; is `tempering sandbox serve` running there?"
+            ) from None
         if resp.status_code == 200:
             return resp.json()
         if resp.status_code == 401:
-            raise SandboxError(f"sandbox service at {self.url} refused the token (401); set ${TOKEN_ENV} "
-                               "(or $TEMPERING_SANDBOX_TOKEN_FILE) to the service's token")
+            raise SandboxError(
+                f"sandbox service at {self.url} refused the token (401); set ${TOKEN_ENV} "
+                "(or $TEMPERING_SANDBOX_TOKEN_FILE) to the service's token"
+            )
         attempts = self._http.retries + 1
         if resp.status_code == 429:
-            raise SandboxError(f"sandbox service at {self.url} is still busy (HTTP 429) after {attempts} "
-                               "attempts; send smaller batches or raise its --max-pending / --client-pending")
+            raise SandboxError(
+                f"sandbox service at {self.url} is still busy (HTTP 429) after {attempts} "
+                "attempts; send smaller batches or raise its --max-pending / --client-pending"
+            )
         if resp.status_code in RetryingClient.RETRIED:
-            raise SandboxError(f"sandbox service at {self.url} is not reachable after {attempts} attempts "
-                               f"(HTTP {resp.status_code}); is `tempering sandbox serve` running there?")
-        raise SandboxError(f"sandbox service at {self.url} refused the request ({resp.status_code}): {resp.text[:500]}")
+            raise SandboxError(
+                f"sandbox service at {self.url} is not reachable after {attempts} attempts "
+                f"(HTTP {resp.status_code}); is `tempering sandbox serve` running there?"
+            )
+        raise SandboxError(
+            f"sandbox service at {self.url} refused the request ({resp.status_code}): {resp.text[:500]}"
+        )
 
     def close(self) -> None:
         self._http.close()

@@ -60,7 +60,9 @@ def lock_dir() -> Path:
                 return path
         except OSError:
             continue
-    raise SandboxError(f"cannot create a directory for sandbox uid leases (tried {', '.join(map(str, LOCK_DIRS))})")
+    raise SandboxError(
+        f"cannot create a directory for sandbox uid leases (tried {', '.join(map(str, LOCK_DIRS))})"
+    )
 
 
 def lease_worker_ids() -> WorkerIds | None:
@@ -86,8 +88,10 @@ def lease_worker_ids() -> WorkerIds | None:
             os.close(fd)
             continue
         return WorkerIds(ids.server, ids.program, fd)
-    raise SandboxError(f"all {PAIRS} pairs of sandbox uids ({WORKER_UID_BASE}-{WORKER_UID_BASE + WORKER_UID_SPAN - 1}) "
-                       "are in use on this host")
+    raise SandboxError(
+        f"all {PAIRS} pairs of sandbox uids ({WORKER_UID_BASE}-{WORKER_UID_BASE + WORKER_UID_SPAN - 1}) "
+        "are in use on this host"
+    )
 
 
 def _proc_uids():

@@ -39,7 +39,9 @@ class Timer:
     def __call__(self, name: str):
         start = time.perf_counter()
         yield
-        self.seconds[f"timing_s/{name}"] = self.seconds.get(f"timing_s/{name}", 0.0) + time.perf_counter() - start
+        self.seconds[f"timing_s/{name}"] = (
+            self.seconds.get(f"timing_s/{name}", 0.0) + time.perf_counter() - start
+        )
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
@@ -89,19 +91,28 @@ class Tracker:
             from torch.utils.tensorboard import SummaryWriter
 
             with self._writing(run_dir / "tb"):
-                self.tb = SummaryWriter(str(run_dir / "tb"), purge_step=start_step + 1 if start_step else None)
+                self.tb = SummaryWriter(
+                    str(run_dir / "tb"), purge_step=start_step + 1 if start_step else None
+                )
         from tempering.tracking.sinks import MlflowSink, WandbSink
 
         self.sinks = ([WandbSink(run_dir, config or {}, project)] if wandb else []) + (
-            [MlflowSink(run_dir, config or {}, project)] if mlflow else [])
+            [MlflowSink(run_dir, config or {}, project)] if mlflow else []
+        )
         self.console = console or Console(stderr=True)
         self.total = total_steps
         self._progress = None
         self._last_line = 0.0
         if progress and self.console.is_terminal:
             self._progress = Progress(
-                TextColumn("[bold]RL"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[stats]}"),
-                TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), console=self.console,
+                TextColumn("[bold]RL"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[stats]}"),
+                TimeElapsedColumn(),
+                TextColumn("eta"),
+                TimeRemainingColumn(),
+                console=self.console,
             )
             self._task = self._progress.add_task("rl", total=total_steps, completed=start_step, stats="")
             self._progress.start()
@@ -153,14 +164,20 @@ class Tracker:
             if not disk_full(e, path):
                 raise
             self.failed = True
-            raise DiskFullError(f"disk full writing {path}: make room and run the same command again "
-                                "(it resumes from the newest checkpoint)") from None
+            raise DiskFullError(
+                f"disk full writing {path}: make room and run the same command again "
+                "(it resumes from the newest checkpoint)"
+            ) from None
 
     def close(self) -> None:
         if self._progress is not None:
             self._progress.stop()
             self._progress = None
-        closers = ([self.tb.close] if self.tb is not None else []) + [s.close for s in self.sinks] + [self._file.close]
+        closers = (
+            ([self.tb.close] if self.tb is not None else [])
+            + [s.close for s in self.sinks]
+            + [self._file.close]
+        )
         self.tb, self.sinks = None, []
         for close in closers:
             try:

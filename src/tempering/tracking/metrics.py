@@ -11,7 +11,9 @@ from tempering.rollout.batch import RolloutBatch
 from tempering.types import EXEC_STATUSES, Episode, RewardResult
 
 
-def rollout_metrics(episodes: list[Episode], rewards: list[RewardResult], batch: RolloutBatch) -> dict[str, float]:
+def rollout_metrics(
+    episodes: list[Episode], rewards: list[RewardResult], batch: RolloutBatch
+) -> dict[str, float]:
     n = len(episodes)
     scores = torch.tensor([r.score for r in rewards])
     m = {
@@ -22,9 +24,13 @@ def rollout_metrics(episodes: list[Episode], rewards: list[RewardResult], batch:
         "num_turns/mean": sum(len(e.turns) for e in episodes) / n,
         "response_length/mean": float(batch.response_mask.sum(1).mean()),
         # An episode whose last action the token budget cut, or whose context budget ran out.
-        "response_length/clip_ratio": sum(e.truncated or not (e.turns and e.turns[-1].ended) for e in episodes) / n,
-        "critic/advantages/mean": float((batch.advantages * batch.response_mask).sum()
-                                        / batch.response_mask.sum().clamp_min(1)),
+        "response_length/clip_ratio": sum(
+            e.truncated or not (e.turns and e.turns[-1].ended) for e in episodes
+        )
+        / n,
+        "critic/advantages/mean": float(
+            (batch.advantages * batch.response_mask).sum() / batch.response_mask.sum().clamp_min(1)
+        ),
     }
     for name in sorted({k for r in rewards for k in r.components}):
         m[f"reward/{name}/mean"] = sum(r.components.get(name, 0.0) for r in rewards) / n
@@ -55,12 +61,27 @@ def sample_rows(episodes: list[Episode], rewards: list[RewardResult], batch: Rol
     rows = []
     for i, (e, reward) in enumerate(zip(episodes, rewards)):
         policy = batch.response_mask[i].nonzero()
-        rows.append({
-            "task_id": e.task.id, "domain": e.task.domain, "group": e.group_id, "policy_version": e.version,
-            "prompt": e.task.prompt,
-            "turns": [{"action": t.action, "observation": t.observation, "rewards": t.rewards,
-                       **({"status": t.status} if t.status else {})} for t in e.turns],
-            "truncated": e.truncated, "success": e.success, "reward": reward.score, "components": reward.components,
-            "advantage": float(batch.advantages[i, policy[0, 0]]) if len(policy) else 0.0,
-        })
+        rows.append(
+            {
+                "task_id": e.task.id,
+                "domain": e.task.domain,
+                "group": e.group_id,
+                "policy_version": e.version,
+                "prompt": e.task.prompt,
+                "turns": [
+                    {
+                        "action": t.action,
+                        "observation": t.observation,
+                        "rewards": t.rewards,
+                        **({"status": t.status} if t.status else {}),
+                    }
+                    for t in e.turns
+                ],
+                "truncated": e.truncated,
+                "success": e.success,
+                "reward": reward.score,
+                "components": reward.components,
+                "advantage": float(batch.advantages[i, policy[0, 0]]) if len(policy) else 0.0,
+            }
+        )
     return rows

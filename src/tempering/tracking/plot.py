@@ -6,8 +6,14 @@ from pathlib import Path
 from typing import Any
 
 
-def plot_run(rows: list[dict[str, Any]], path: Path, *, before: dict[str, float] | None = None,
-             after: dict[str, float] | None = None, temperature: float = 1.0) -> Path:
+def plot_run(
+    rows: list[dict[str, Any]],
+    path: Path,
+    *,
+    before: dict[str, float] | None = None,
+    after: dict[str, float] | None = None,
+    temperature: float = 1.0,
+) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -19,7 +25,10 @@ def plot_run(rows: list[dict[str, Any]], path: Path, *, before: dict[str, float]
     ax1.plot(steps, reward, lw=0.8, alpha=0.5, label="reward/mean")
     if len(reward) >= 10:
         w = 10
-        smooth = [sum(reward[max(0, i - w + 1): i + 1]) / len(reward[max(0, i - w + 1): i + 1]) for i in range(len(reward))]
+        smooth = [
+            sum(reward[max(0, i - w + 1) : i + 1]) / len(reward[max(0, i - w + 1) : i + 1])
+            for i in range(len(reward))
+        ]
         ax1.plot(steps, smooth, lw=2, label="10-step mean")
     ax1.set_xlabel("RL step")
     ax1.set_title("training reward")

@@ -33,8 +33,15 @@ class WandbSink:
 
         self.wandb = wandb
         run_id = re.sub(r"[^A-Za-z0-9_-]", "-", run_dir.resolve().name)
-        self.run = wandb.init(project=project, dir=str(run_dir), id=run_id, resume="allow", config=config,
-                              mode=os.environ.get("WANDB_MODE", "offline"), name=run_dir.name)
+        self.run = wandb.init(
+            project=project,
+            dir=str(run_dir),
+            id=run_id,
+            resume="allow",
+            config=config,
+            mode=os.environ.get("WANDB_MODE", "offline"),
+            name=run_dir.name,
+        )
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         self.run.log(dict(metrics), step=step)
@@ -66,8 +73,9 @@ class MlflowSink:
 
     def samples(self, step: int, rows: list[dict[str, Any]]) -> None:
         # The layout of MLflow's own table artifacts (`log_table`, which would need pandas).
-        self.mlflow.log_dict({"columns": SAMPLE_COLUMNS, "data": sample_table(step, rows)},
-                             f"samples/step_{step:06d}.json")
+        self.mlflow.log_dict(
+            {"columns": SAMPLE_COLUMNS, "data": sample_table(step, rows)}, f"samples/step_{step:06d}.json"
+        )
 
     def close(self) -> None:
         self.mlflow.end_run()

@@ -27,9 +27,14 @@ def loss_hyper(cfg: RunConfig) -> dict[str, Any]:
     """The run's policy-loss hyper-parameters; a loss is bound to those it declares. `norm_length` is the
     longest response an episode can have (seq-mean-token-sum-norm's constant)."""
     a = cfg.algo
-    return {"clip_ratio": a.clip_ratio, "clip_ratio_low": a.clip_ratio_low, "clip_ratio_high": a.clip_ratio_high,
-            "clip_ratio_c": a.clip_ratio_c, "loss_agg": a.loss_agg,
-            "norm_length": cfg.rollout.max_new_tokens * cfg.env.max_turns}
+    return {
+        "clip_ratio": a.clip_ratio,
+        "clip_ratio_low": a.clip_ratio_low,
+        "clip_ratio_high": a.clip_ratio_high,
+        "clip_ratio_c": a.clip_ratio_c,
+        "loss_agg": a.loss_agg,
+        "norm_length": cfg.rollout.max_new_tokens * cfg.env.max_turns,
+    }
 
 
 def bind_estimator(cfg: RunConfig) -> AdvantageEstimator:

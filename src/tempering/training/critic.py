@@ -48,18 +48,33 @@ class Critic(nn.Module):
         self.backbone.save_pretrained(directory, state_dict=backbone_state, safe_serialization=True)
         torch.save(head_state, Path(directory) / HEAD_FILE)
 
-    def values(self, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor, response_mask: Tensor,
-               response_attention: Tensor | None = None) -> Tensor:
+    def values(
+        self,
+        prompt_ids: Tensor,
+        prompt_mask: Tensor,
+        response_ids: Tensor,
+        response_mask: Tensor,
+        response_attention: Tensor | None = None,
+    ) -> Tensor:
         """V(s_t) before each policy token t (0 elsewhere). -> (B, R)"""
         attention = response_mask if response_attention is None else response_attention
         hidden = response_hidden_states(self.backbone, prompt_ids, prompt_mask, response_ids, attention)
         return self.head(hidden.float()).squeeze(-1) * response_mask.to(hidden.device)
 
 
-def update_critic(critic: Critic, optimizer: torch.optim.Optimizer, batch, *, generator: torch.Generator,
-                  epochs: int = 1, minibatches: int = 1, clip_range: float = 0.2,
-                  max_grad_norm: float = 1.0, compute: torch.dtype = torch.float32,
-                  dp: DataParallel | None = None) -> dict[str, float]:
+def update_critic(
+    critic: Critic,
+    optimizer: torch.optim.Optimizer,
+    batch,
+    *,
+    generator: torch.Generator,
+    epochs: int = 1,
+    minibatches: int = 1,
+    clip_range: float = 0.2,
+    max_grad_norm: float = 1.0,
+    compute: torch.dtype = torch.float32,
+    dp: DataParallel | None = None,
+) -> dict[str, float]:
     """Regress V on the GAE returns: `epochs` x `minibatches` optimizer steps. -> mean metrics.
     `compute`: bfloat16 runs each minibatch's forward under autocast (`mixed_precision`).
     `dp`: this is one of M data-parallel ranks; it runs its part of each minibatch (`data_parallel`)."""
@@ -77,10 +92,12 @@ def update_critic(critic: Critic, optimizer: torch.optim.Optimizer, batch, *, ge
                 index = mine
             mb = batch.select(index).trim().to(device)
             with mixed_precision(device, compute):
-                values = critic.values(mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask,
-                                       mb.response_attention)
-            loss, metrics = clipped_value_loss(values, mb.values, mb.returns, mb.loss_mask,
-                                               clip_range=clip_range)
+                values = critic.values(
+                    mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask, mb.response_attention
+                )
+            loss, metrics = clipped_value_loss(
+                values, mb.values, mb.returns, mb.loss_mask, clip_range=clip_range
+            )
             loss = loss * tok
             optimizer.zero_grad(set_to_none=True)
             loss.backward()

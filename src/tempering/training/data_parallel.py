@@ -41,8 +41,11 @@ class Rendezvous:
             store = FileStore(self.path, self.size)
             store.set_timeout(timeout)
             return store
-        return master if rank == 0 and master is not None else \
-            TCPStore(self.host, self.port, self.size, False, timeout=timeout)
+        return (
+            master
+            if rank == 0 and master is not None
+            else TCPStore(self.host, self.port, self.size, False, timeout=timeout)
+        )
 
 
 @dataclass
@@ -59,8 +62,15 @@ class Replica:
 class DataParallel:
     """One rank's view of the group: its part of each minibatch, and the all-reduce of gradients and metrics."""
 
-    def __init__(self, rank: int, rendezvous: Rendezvous, *, device: str = "cpu", hostname: str = LOOPBACK,
-                 master: TCPStore | None = None):
+    def __init__(
+        self,
+        rank: int,
+        rendezvous: Rendezvous,
+        *,
+        device: str = "cpu",
+        hostname: str = LOOPBACK,
+        master: TCPStore | None = None,
+    ):
         """Blocks until every rank has joined (at most `rendezvous.timeout_s`)."""
         self.rank, self.size = rank, rendezvous.size
         store = rendezvous.store(rank, master)
@@ -96,7 +106,7 @@ class DataParallel:
             self.group.allreduce([flat]).wait()
             offset = 0
             for t in group:
-                t.copy_(flat[offset: offset + t.numel()].view_as(t))
+                t.copy_(flat[offset : offset + t.numel()].view_as(t))
                 offset += t.numel()
         self.seconds += time.perf_counter() - start
 
@@ -128,7 +138,7 @@ def shares(mask: Tensor, index: Tensor, mine: Tensor, counts: bool) -> tuple[flo
     rank's; `counts` False for a rank that only takes part (share 0)."""
     if not counts:
         return 0.0, 0.0
-    rows = (mask.sum(-1) > 0).float()                                               # (B,) rows with a token
+    rows = (mask.sum(-1) > 0).float()  # (B,) rows with a token
     token_share = float(mask[mine].sum()) / max(float(mask[index].sum()), 1.0)
     return token_share, float(rows[mine].sum()) / max(float(rows[index].sum()), 1.0)
 
@@ -136,4 +146,3 @@ def shares(mask: Tensor, index: Tensor, mine: Tensor, counts: bool) -> tuple[flo
 def unit_share(loss_agg: str, token_share: float, seq_share: float) -> float:
     """The share that scales an aggregated loss: token-mean weighs tokens, the seq-mean aggregations sequences."""
     return token_share if loss_agg == "token-mean" else seq_share
-

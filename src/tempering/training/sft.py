@@ -22,10 +22,10 @@ def sft_completion(task: Task) -> str:
     """
     ref = task.reference_solution or ""
     if ref.startswith(task.prompt):
-        return ref[len(task.prompt):]
+        return ref[len(task.prompt) :]
     first = task.prompt.split("\n", 1)[0]
     if first and ref.startswith(first + "\n"):
-        return ref[len(first) + 1:]
+        return ref[len(first) + 1 :]
     return ref
 
 
@@ -50,8 +50,8 @@ def length_grouped_batches(
     chunk = batch_size * group
     batches = []
     for start in range(0, len(order), chunk):
-        part = sorted(order[start: start + chunk], key=lambda i: lengths[i])
-        batches += [part[i: i + batch_size] for i in range(0, len(part), batch_size)]
+        part = sorted(order[start : start + chunk], key=lambda i: lengths[i])
+        batches += [part[i : i + batch_size] for i in range(0, len(part), batch_size)]
     return [batches[i] for i in torch.randperm(len(batches), generator=generator).tolist()]
 
 
@@ -59,8 +59,9 @@ Transcript = list[tuple[str, "str | None", bool]]
 """A multi-turn SFT example after its prompt: (action, observation or None, train on this action?)."""
 
 
-def encode_transcript(fmt, prompt: str, transcript: Transcript, tools: list[dict] | None = None,
-                      ) -> tuple[list[int], list[int], list[float]]:
+def encode_transcript(
+    fmt, prompt: str, transcript: Transcript, tools: list[dict] | None = None
+) -> tuple[list[int], list[int], list[float]]:
     """(prompt ids, ids after the prompt, loss mask over them) in the rollout's chat format: observations
     and the actions not marked for training are context only."""
     tokenizer = fmt.tokenizer
@@ -136,8 +137,13 @@ def run_sft(
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
         optimizer.step()
         scheduler.step()
-        row = {"step": step, "sft/loss": float(loss.detach()), "sft/grad_norm": float(grad_norm),
-               "sft/lr": scheduler.get_last_lr()[0], "timing_s/step": time.perf_counter() - start}
+        row = {
+            "step": step,
+            "sft/loss": float(loss.detach()),
+            "sft/grad_norm": float(grad_norm),
+            "sft/lr": scheduler.get_last_lr()[0],
+            "timing_s/step": time.perf_counter() - start,
+        }
         history.append(row)
         if on_step:
             on_step(step, row)

@@ -32,8 +32,9 @@ def repair_transcript(task: Task, wrong: str, ctx: EnvContext) -> Transcript | N
     return [(wrong, step.observation, False), (sft_completion(task), None, True)]
 
 
-def sft_transcripts(tasks: list[Task], ctx: EnvContext, *, repair_fraction: float = 0.0,
-                    seed: int = 0) -> list[tuple[Task, Transcript]]:
+def sft_transcripts(
+    tasks: list[Task], ctx: EnvContext, *, repair_fraction: float = 0.0, seed: int = 0
+) -> list[tuple[Task, Transcript]]:
     """One transcript per task that has a reference (deterministic in `seed`)."""
     rng = random.Random(f"transcripts:{seed}")
     bodies: dict[str, list[str]] = {}

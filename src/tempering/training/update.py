@@ -45,24 +45,46 @@ class UpdateSettings:
     @classmethod
     def from_config(cls, cfg) -> UpdateSettings:
         algo = cfg.algo
-        return cls(epochs=algo.ppo_epochs, minibatches=algo.minibatches, loss_agg=algo.loss_agg,
-                   kl_estimator=algo.kl_estimator, entropy_coef=algo.entropy_coef, max_grad_norm=algo.max_grad_norm,
-                   temperature=cfg.rollout.temperature, gradient_checkpointing=cfg.model.gradient_checkpointing,
-                   compute=compute_dtype(cfg.model.compute, cfg.run.device))
+        return cls(
+            epochs=algo.ppo_epochs,
+            minibatches=algo.minibatches,
+            loss_agg=algo.loss_agg,
+            kl_estimator=algo.kl_estimator,
+            entropy_coef=algo.entropy_coef,
+            max_grad_norm=algo.max_grad_norm,
+            temperature=cfg.rollout.temperature,
+            gradient_checkpointing=cfg.model.gradient_checkpointing,
+            compute=compute_dtype(cfg.model.compute, cfg.run.device),
+        )
 
 
-def policy_logprobs(model, mb: RolloutBatch, temperature: float, compute: torch.dtype, *,
-                    with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+def policy_logprobs(
+    model, mb: RolloutBatch, temperature: float, compute: torch.dtype, *, with_entropy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The policy's log-probs of a minibatch's response tokens (B, T) (and entropies, with `with_entropy`)
     under `compute`'s autocast: the forward of the update, and of the recomputation of pi_old."""
     with mixed_precision(model_device(model), compute):
-        return response_logprobs(model, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.attention,
-                                 temperature=temperature, with_entropy=with_entropy)
+        return response_logprobs(
+            model,
+            mb.prompt_ids,
+            mb.prompt_mask,
+            mb.response_ids,
+            mb.attention,
+            temperature=temperature,
+            with_entropy=with_entropy,
+        )
 
 
-def update_policy(model, optimizer: torch.optim.Optimizer, batch: RolloutBatch, loss: PolicyLoss,
-                  settings: UpdateSettings, generator: torch.Generator, kl_coef: float = 0.0,
-                  dp: DataParallel | None = None) -> dict[str, float]:
+def update_policy(
+    model,
+    optimizer: torch.optim.Optimizer,
+    batch: RolloutBatch,
+    loss: PolicyLoss,
+    settings: UpdateSettings,
+    generator: torch.Generator,
+    kl_coef: float = 0.0,
+    dp: DataParallel | None = None,
+) -> dict[str, float]:
     """Run `settings.epochs` x `settings.minibatches` optimizer steps of `loss` (bound to its hyper-parameters:
     called as `loss(inputs)`); returns the mean of each metric over them. Rows that share a prompt are one
     packed sequence (`models.forward`). `dp`: this is one of M data-parallel ranks; it runs its part of each
@@ -87,7 +109,9 @@ def update_policy(model, optimizer: torch.optim.Optimizer, batch: RolloutBatch, 
             mb = batch.select(index).trim().to(device)
             mask = mb.loss_mask  # without the tokens the mismatch correction rejected
             logprobs, entropy = policy_logprobs(model, mb, s.temperature, s.compute, with_entropy=True)
-            pg_loss, pg_metrics = loss(LossInputs(logprobs, mb.old_logprobs, mb.advantages, mask, mb.is_weights))
+            pg_loss, pg_metrics = loss(
+                LossInputs(logprobs, mb.old_logprobs, mb.advantages, mask, mb.is_weights)
+            )
             pg_loss = pg_loss * unit_share(s.loss_agg, tok, seq)  # (x 1.0 is exact: no change without `dp`)
             entropy_mean = masked_mean(entropy, mask) * tok
             total = pg_loss - s.entropy_coef * entropy_mean
@@ -115,8 +139,18 @@ def update_policy(model, optimizer: torch.optim.Optimizer, batch: RolloutBatch, 
     return {k: v / n_steps for k, v in sums.items()}
 
 
-def update_models(cfg, models, batch: RolloutBatch, step: int, *, loss: PolicyLoss, settings: UpdateSettings,
-                  kl_coef: float, timer, dp: DataParallel | None = None) -> dict[str, float]:
+def update_models(
+    cfg,
+    models,
+    batch: RolloutBatch,
+    step: int,
+    *,
+    loss: PolicyLoss,
+    settings: UpdateSettings,
+    kl_coef: float,
+    timer,
+    dp: DataParallel | None = None,
+) -> dict[str, float]:
     """The critic on the returns, then PPO epochs of the policy (after the critic's warm-up). `models` has
     `policy`, `optimizer`, `critic`, `critic_optimizer` (a `TrainState`, or a data-parallel replica); the
     learning-rate schedule is the caller's."""
@@ -124,15 +158,31 @@ def update_models(cfg, models, batch: RolloutBatch, step: int, *, loss: PolicyLo
     metrics: dict[str, float] = {}
     if models.critic is not None:
         with timer("critic"):
-            metrics |= update_critic(models.critic, models.critic_optimizer, batch,
-                                     generator=step_generator(cfg.run.seed, step, 3), epochs=algo.critic.epochs,
-                                     minibatches=algo.minibatches, clip_range=algo.critic.value_clip,
-                                     max_grad_norm=algo.max_grad_norm, compute=settings.compute, dp=dp)
+            metrics |= update_critic(
+                models.critic,
+                models.critic_optimizer,
+                batch,
+                generator=step_generator(cfg.run.seed, step, 3),
+                epochs=algo.critic.epochs,
+                minibatches=algo.minibatches,
+                clip_range=algo.critic.value_clip,
+                max_grad_norm=algo.max_grad_norm,
+                compute=settings.compute,
+                dp=dp,
+            )
     with timer("update"):
         train_batch = batch.informative() if algo.skip_zero_advantage else batch
         if models.critic is None or step > algo.critic.warmup_steps:
-            metrics |= update_policy(models.policy, models.optimizer, train_batch, loss, settings,
-                                     step_generator(cfg.run.seed, step, 1), kl_coef, dp)
+            metrics |= update_policy(
+                models.policy,
+                models.optimizer,
+                train_batch,
+                loss,
+                settings,
+                step_generator(cfg.run.seed, step, 1),
+                kl_coef,
+                dp,
+            )
     metrics["actor/trained_fraction"] = len(train_batch) / len(batch)
     return metrics
 

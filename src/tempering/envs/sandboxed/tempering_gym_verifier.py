@@ -53,10 +53,16 @@ def _warm():
 def _denied_names():
     namespace = {}
     exec("from sympy import *", namespace)  # the names parse_expr's code is evaluated with
-    expressions = {name for name, obj in namespace.items()
-                   if isinstance(obj, sympy.Basic) or (isinstance(obj, type) and issubclass(obj, sympy.Basic))}
-    return frozenset((set(namespace) - expressions - SYMPY_HELPERS) | (set(vars(builtins)) - SAFE_BUILTINS)
-                     | (set(keyword.kwlist) - SAFE_KEYWORDS))
+    expressions = {
+        name
+        for name, obj in namespace.items()
+        if isinstance(obj, sympy.Basic) or (isinstance(obj, type) and issubclass(obj, sympy.Basic))
+    }
+    return frozenset(
+        (set(namespace) - expressions - SYMPY_HELPERS)
+        | (set(vars(builtins)) - SAFE_BUILTINS)
+        | (set(keyword.kwlist) - SAFE_KEYWORDS)
+    )
 
 
 DEFAULT_DATASETS = _warm()
