@@ -172,24 +172,26 @@ class Isolation:
         return proc
 
     def protections(self, ids: WorkerIds | None, info: dict | None = None) -> list[Protection]:
-        bw, split = self.backend == "bwrap", self.uid_split
-        root = os.geteuid() == 0
-        info = info or {}
-        off = f"off: {self.why_not_bwrap or 'bubblewrap not used'}"
-        nested = info.get("max_user_namespaces")
-        if split:
-            scratch = (
+        """What confines a program here (`tempering sandbox doctor` prints it): its namespaces, its uid and
+        privileges, and what holds on every backend. `info`: what a worker reported (`max_user_namespaces`)."""
+        return [*self._namespaces(ids, info or {}), *self._privileges(ids), *self._always()]
+
+    def _scratch(self) -> str:
+        if self.uid_split:
+            return (
                 f"tmpfs of {self.scratch_mb} MiB and {self.scratch_inodes} inodes, wiped after each execution"
             )
-        elif bw:
-            scratch = (
+        if self.backend == "bwrap":
+            return (
                 f"tmpfs of {self.scratch_mb} MiB, wiped after each execution; NO inode cap "
                 f"({self.why_not_split or 'bubblewrap --tmpfs has a size option only'})"
             )
-        else:
-            scratch = (
-                "scratch directory wiped after each execution; no size or inode limit beyond RLIMIT_FSIZE"
-            )
+        return "scratch directory wiped after each execution; no size or inode limit beyond RLIMIT_FSIZE"
+
+    def _namespaces(self, ids: WorkerIds | None, info: dict) -> list[Protection]:
+        bw, split, root = self.backend == "bwrap", self.uid_split, os.geteuid() == 0
+        off = f"off: {self.why_not_bwrap or 'bubblewrap not used'}"
+        nested = info.get("max_user_namespaces")
         return [
             Protection(
                 "network isolation",
@@ -204,7 +206,7 @@ class Isolation:
                 if bw
                 else off + " (the program sees the host's filesystem with its uid's rights)",
             ),
-            Protection("scratch size and inode cap", split, scratch),
+            Protection("scratch size and inode cap", split, self._scratch()),
             Protection(
                 "program uid != server uid",
                 split,
@@ -240,6 +242,11 @@ class Isolation:
                 if nested == 0
                 else "off: a program may create user namespaces (and tmpfs mounts there)",
             ),
+        ]
+
+    def _privileges(self, ids: WorkerIds | None) -> list[Protection]:
+        bw, split, root = self.backend == "bwrap", self.uid_split, os.geteuid() == 0
+        return [
             Protection(
                 "no capabilities",
                 bw or split or not root,
@@ -261,6 +268,11 @@ class Isolation:
                 if not root
                 else "not enforced for root",
             ),
+        ]
+
+    def _always(self) -> list[Protection]:
+        bw, split = self.backend == "bwrap", self.uid_split
+        return [
             Protection("rlimits: CPU, address space, file size, open files", True, "set in every child"),
             Protection(
                 "process-tree kill",
