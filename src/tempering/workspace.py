@@ -91,20 +91,7 @@ def prepare(
     compute_dtype(cfg.model.compute, cfg.run.device)  # bfloat16 where it is slower: refused now
     check_sandbox_url(cfg)
     _check_outside_inputs(cfg)
-    train = load_tasks(cfg.data.train_file, cfg.data.columns) if cfg.data.train_file else None
-    heldout = load_tasks(cfg.data.heldout_file, cfg.data.columns) if cfg.data.heldout_file else None
-    run_dir_data = run_dir / "data" / "heldout.jsonl"
-    if (train is None or heldout is None) and run_dir_data.is_file() and cfg.data.generator != "code":
-        # Generated once (reasoning-gym takes a while): a resumed run reads its own task files.
-        train = train if train is not None else load_tasks(run_dir / "data" / "train.jsonl")
-        heldout = heldout if heldout is not None else load_tasks(run_dir_data)
-    rates = load_pass_rates(cfg.data.pass_rates) if cfg.data.pass_rates else None
-    if train is None or heldout is None:
-        gen_train, gen_heldout = builtin_tasks(cfg, rates)
-        train = train if train is not None else gen_train
-        heldout = heldout if heldout is not None else gen_heldout
-    if rates is not None:
-        train, heldout = _in_pass_range(cfg, rates, train, heldout)
+    train, heldout = _read_tasks(cfg, run_dir)
     benchmarks = {name: load_tasks(name) for name in cfg.eval.benchmarks}  # a missing package fails now
     _check_disjoint(train, heldout)
     _check_task_envs(cfg, [*train, *heldout, *(t for tasks in benchmarks.values() for t in tasks)])
@@ -155,6 +142,26 @@ def prepare(
         allow_config_change=allow_config_change,
         resume=found,
     )
+
+
+def _read_tasks(cfg: RunConfig, run_dir: Path) -> tuple[list[Task], list[Task]]:
+    """The run's training and held-out tasks: the configured files, else the ones the run generated
+    before, else the built-in generator's; in the pass-rate range when `data.pass_rates` is set."""
+    train = load_tasks(cfg.data.train_file, cfg.data.columns) if cfg.data.train_file else None
+    heldout = load_tasks(cfg.data.heldout_file, cfg.data.columns) if cfg.data.heldout_file else None
+    run_dir_data = run_dir / "data" / "heldout.jsonl"
+    if (train is None or heldout is None) and run_dir_data.is_file() and cfg.data.generator != "code":
+        # Generated once (reasoning-gym takes a while): a resumed run reads its own task files.
+        train = train if train is not None else load_tasks(run_dir / "data" / "train.jsonl")
+        heldout = heldout if heldout is not None else load_tasks(run_dir_data)
+    rates = load_pass_rates(cfg.data.pass_rates) if cfg.data.pass_rates else None
+    if train is None or heldout is None:
+        gen_train, gen_heldout = builtin_tasks(cfg, rates)
+        train = train if train is not None else gen_train
+        heldout = heldout if heldout is not None else gen_heldout
+    if rates is not None:
+        train, heldout = _in_pass_range(cfg, rates, train, heldout)
+    return train, heldout
 
 
 START_RECORD = "start.json"
