@@ -34,10 +34,10 @@ decodes together and who hears each step's batch size are its own constructor ar
 --max-batch`, the server's metrics), set when the model is opened.
 
 Layout: `OpenAIServer` holds one server's state (the model and its engine, the caps, the admission, the
-metrics, the log) and has one short method per route, put on FastAPI in `OpenAIServer.app`; `create_app`
-builds one and returns its ASGI app. The request bodies, the caps (`ServeLimits`) and the checks made before
-tokenizing, the error shape (`Refused`) and the answers' shapes (`ChatReply`, `CompletionReply`) are in
-`openai_api.py`; a choice on the engine is `serving.Job`.
+metrics, the log) and has one short method per route, put on FastAPI in `OpenAIServer.app` behind the ASGI
+layers of `asgi.py`; `create_app` builds one and returns its ASGI app. The request bodies, the caps
+(`ServeLimits`) and the checks made before tokenizing, the error shape (`Refused`) and the answers' shapes
+(`ChatReply`, `CompletionReply`) are in `openai_api.py`; a choice on the engine is `serving.Job`.
 
 (No `from __future__ import annotations` here: FastAPI reads the endpoints' annotations at run time.)
 """
@@ -58,6 +58,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from tempering.agent.asgi import Gate, Observe, guard_error
 from tempering.agent.backends import LocalModel
 from tempering.agent.monitor import AlertRule, JsonLog, Metrics
 from tempering.agent.openai_api import (
@@ -70,7 +71,6 @@ from tempering.agent.openai_api import (
     SamplingRequest,
     ServeLimits,
     check_request,
-    error_body,
     error_response,
     request_messages,
     usage,
@@ -81,71 +81,6 @@ from tempering.http import MIN_TOKEN_CHARS, Admission, Guard, is_loopback
 from tempering.inference.generation import encode_prompt
 
 TOKEN_ENV, TOKEN_FILE_ENV = "TEMPERING_SERVE_TOKEN", "TEMPERING_SERVE_TOKEN_FILE"
-
-
-def guard_error(status: int, detail: str) -> dict:
-    """The body of the guard's own refusals (401: no or a wrong API key; 413: the body is too large)."""
-    return error_body(detail, code="invalid_api_key" if status == 401 else None)
-
-
-class Gate:
-    """ASGI middleware: a completion request from a client with no room left (or when the server is full)
-    gets its 429 here, before its body is parsed - a flood of them costs the event loop next to nothing, so
-    `/health` and admitted requests are not queued behind it. (The exact check, with `n`, follows after
-    parsing.)"""
-
-    PATHS = ("/v1/chat/completions", "/v1/completions")
-
-    def __init__(self, app, admission):
-        self.app, self.admission = app, admission
-
-    async def __call__(self, scope, receive, send):
-        client = (scope.get("client") or ("?",))[0]
-        if scope["type"] == "http" and scope["path"] in self.PATHS and (why := self.admission.busy(client)):
-            refusal = error_response(
-                429, why, "rate_limit_error", "rate_limit_exceeded", {"Retry-After": "1"}
-            )
-            return await refusal(scope, receive, send)
-        return await self.app(scope, receive, send)
-
-
-class Observe:
-    """ASGI middleware: every request's status and latency into the metrics, the JSON log and the alert
-    rule (a plain ASGI wrapper rather than FastAPI's http middleware, which would wrap streaming bodies
-    and the disconnect message)."""
-
-    def __init__(self, app, metrics: Metrics, log: JsonLog, alert: AlertRule | None):
-        self.app, self.metrics, self.log, self.alert = app, metrics, log, alert
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope["path"] == "/metrics":
-            return await self.app(scope, receive, send)
-        started, status = time.perf_counter(), [500]
-
-        async def sending(message):
-            if message["type"] == "http.response.start":
-                status[0] = message["status"]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, sending)
-        finally:
-            endpoint, seconds = scope["path"], time.perf_counter() - started
-            self.metrics.requests.labels(endpoint, str(status[0])).inc()
-            self.metrics.request_seconds.labels(endpoint).observe(seconds)
-            client = scope.get("client")
-            self.log.write(
-                {
-                    "event": "request",
-                    "time": time.time(),
-                    "endpoint": endpoint,
-                    "status": status[0],
-                    "latency_s": round(seconds, 4),
-                    "client": client[0] if client else None,
-                }
-            )
-            if self.alert:
-                self.alert.observe(status[0] < 500, endpoint=endpoint)
 
 
 def _on_loop(future, loop: asyncio.AbstractEventLoop) -> asyncio.Future:
