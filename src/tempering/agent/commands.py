@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tempering.arguments import fraction, non_negative_float, non_negative_int, port_number, positive_int
 from tempering.errors import TemperingError
 
 if TYPE_CHECKING:
@@ -270,8 +271,14 @@ def cmd_data_from_logs(args: argparse.Namespace) -> int:
 
 def add_parsers(sub, data) -> None:
     """The commands' arguments, on the `tempering` parser (`sub`) and its `data` group."""
-    from tempering.arguments import fraction, non_negative_float, non_negative_int, port_number, positive_int
+    parents = [_alert_options(), _model_options()]
+    _add_repair_parser(sub, parents)
+    _add_serve_parser(sub, parents)
+    _add_from_logs_parser(data)
 
+
+def _alert_options() -> argparse.ArgumentParser:
+    """The alert rule's options (`_alert`), shared by `repair` and `serve`."""
     alert = argparse.ArgumentParser(add_help=False)
     alert.add_argument(
         "--alert-webhook", help="POST an alert (JSON) here when the failure rate crosses the threshold"
@@ -283,6 +290,11 @@ def add_parsers(sub, data) -> None:
     alert.add_argument(
         "--alert-min-events", type=positive_int, default=10, help="outcomes needed before an alert can fire"
     )
+    return alert
+
+
+def _model_options() -> argparse.ArgumentParser:
+    """How a local model is opened, shared by `repair` and `serve`."""
     model = argparse.ArgumentParser(add_help=False)
     model.add_argument(
         "--chat-format",
@@ -298,10 +310,11 @@ def add_parsers(sub, data) -> None:
         choices=["float32", "bfloat16", "auto"],
         help="sampling precision: bfloat16 samples from a bf16 copy of the weights; auto where faster",
     )
+    return model
 
-    p = sub.add_parser(
-        "repair", parents=[alert, model], help="the repair agent: write, run, read the error, retry"
-    )
+
+def _add_repair_parser(sub, parents: list[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("repair", parents=parents, help="the repair agent: write, run, read the error, retry")
     p.add_argument(
         "model",
         help="model, checkpoint or run directory, registry name, or an OpenAI-compatible URL "
@@ -340,7 +353,9 @@ def add_parsers(sub, data) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(fn=cmd_repair)
 
-    p = sub.add_parser("serve", parents=[alert, model], help="an OpenAI-compatible server over a local model")
+
+def _add_serve_parser(sub, parents: list[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("serve", parents=parents, help="an OpenAI-compatible server over a local model")
     p.add_argument("model", help="model, checkpoint or run directory, or registry name")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (loopback by default)")
     p.add_argument("--port", type=port_number, default=8000)
@@ -372,6 +387,8 @@ def add_parsers(sub, data) -> None:
     p.add_argument("--log", help="append one JSON line per request to this file")
     p.set_defaults(fn=cmd_serve)
 
+
+def _add_from_logs_parser(data) -> None:
     p = data.add_parser("from-logs", help="production error logs -> deduplicated, checked sandbox tasks")
     p.add_argument("logs", nargs="+", help="JSONL logs: the repair agent's attempt logs, or error records")
     p.add_argument("--out", required=True, help="task file to write (JSONL)")
