@@ -17,6 +17,8 @@ from tempering.errors import TemperingError
 
 if TYPE_CHECKING:
     from tempering.config_sections import EnvSection
+    from tempering.envs import EnvContext
+    from tempering.inference.engine import Engine, SamplingParams
 
 
 def _alert(args: argparse.Namespace, metrics):
@@ -98,15 +100,9 @@ def _tasks(args: argparse.Namespace):
 def cmd_repair(args: argparse.Namespace) -> int:
     from prometheus_client import start_http_server
 
-    from tempering.agent.backends import load_local
     from tempering.agent.monitor import JsonLog, Metrics
     from tempering.agent.repair import RepairSettings, repair
-    from tempering.checkpoint import resolve_model
-    from tempering.config_sections import FEEDBACK_CHARS
-    from tempering.envs import EnvContext
-    from tempering.inference.engine import SamplingParams, make_engine
-    from tempering.inference.remote import is_url
-    from tempering.models.loading import load_tokenizer
+    from tempering.inference.engine import SamplingParams
     from tempering.runtime import configure
     from tempering.sandbox import open_sandbox
 
@@ -114,26 +110,39 @@ def cmd_repair(args: argparse.Namespace) -> int:
     metrics = Metrics()
     alert = _alert(args, metrics)
     sampling = SamplingParams(args.temperature or 1.0, 1.0, args.max_tokens)
-    env = None  # a URL's run is unknown: --feedback-chars and --instruction say what it was trained with
     configure(args.threads)
-    if is_url(args.model):
-        if not args.tokenizer:
-            raise TemperingError(
-                "a URL needs --tokenizer: the served model's tokenizer (a model, checkpoint or run "
-                "directory, or a registry name), which renders the episodes' token prompts"
-            )
-        tokenizer = load_tokenizer(resolve_model(args.tokenizer))
-        engine = make_engine(
-            args.model,
-            tokenizer,
-            sampling,
-            kind="http",
-            model=args.model_name,
-            concurrency=args.concurrency,
-            insecure_http=args.allow_insecure_http,
+    engine, max_context, env = _repair_engine(args, sampling)
+    if args.metrics_port:
+        start_http_server(args.metrics_port, addr="127.0.0.1", registry=metrics.registry)
+    with open_sandbox() as sandbox:
+        report = repair(
+            engine,
+            tasks,
+            _repair_context(args, env, sandbox),
+            RepairSettings(args.repairs, not args.no_stuck, args.temperature <= 0, args.seed),
+            max_context=max_context,
+            chat=args.chat_format or (env.chat_format if env else "auto"),
+            name=args.model,
+            log=JsonLog(args.log),
+            metrics=metrics,
+            alert=alert,
         )
-        max_context = args.max_context or engine.max_context or 1024
-    else:
+    _write_summary(args, {**report.summary(), "alerts": alert.fired if alert else 0})
+    return 0
+
+
+def _repair_engine(
+    args: argparse.Namespace, sampling: SamplingParams
+) -> tuple[Engine, int, EnvSection | None]:
+    """The engine the agent runs on, its context, and the settings of the model's run (`run_settings`;
+    None for a URL, whose run is unknown: --feedback-chars and --instruction say what it was trained with)."""
+    from tempering.agent.backends import load_local
+    from tempering.checkpoint import resolve_model
+    from tempering.inference.engine import make_engine
+    from tempering.inference.remote import is_url
+    from tempering.models.loading import load_tokenizer
+
+    if not is_url(args.model):
         model_dir = resolve_model(args.model)
         env = run_settings(model_dir)
         local = load_local(
@@ -143,39 +152,44 @@ def cmd_repair(args: argparse.Namespace) -> int:
             sampling=sampling,
             compute=args.compute,
         )
-        engine, max_context = local.engine, local.max_context
-    if args.metrics_port:
-        start_http_server(args.metrics_port, addr="127.0.0.1", registry=metrics.registry)
-    instruction = args.instruction or (env and env.options.code_instruction)
-    with open_sandbox() as sandbox:
-        ctx = EnvContext(
-            sandbox,
-            feedback_chars=args.feedback_chars or (env.feedback_chars if env else FEEDBACK_CHARS),
-            options={"code_instruction": instruction},
+        return local.engine, local.max_context, env
+    if not args.tokenizer:
+        raise TemperingError(
+            "a URL needs --tokenizer: the served model's tokenizer (a model, checkpoint or run "
+            "directory, or a registry name), which renders the episodes' token prompts"
         )
-        report = repair(
-            engine,
-            tasks,
-            ctx,
-            RepairSettings(args.repairs, not args.no_stuck, args.temperature <= 0, args.seed),
-            max_context=max_context,
-            chat=args.chat_format or (env.chat_format if env else "auto"),
-            name=args.model,
-            log=JsonLog(args.log),
-            metrics=metrics,
-            alert=alert,
-        )
-    summary = {
-        "model": args.model,
-        "repairs": args.repairs,
-        **report.summary(),
-        "alerts": alert.fired if alert else 0,
-    }
-    print(json.dumps(summary, indent=1))
+    tokenizer = load_tokenizer(resolve_model(args.tokenizer))
+    engine = make_engine(
+        args.model,
+        tokenizer,
+        sampling,
+        kind="http",
+        model=args.model_name,
+        concurrency=args.concurrency,
+        insecure_http=args.allow_insecure_http,
+    )
+    return engine, args.max_context or engine.max_context or 1024, None
+
+
+def _repair_context(args: argparse.Namespace, env: EnvSection | None, sandbox) -> EnvContext:
+    """The code environment's context: the options given, else those of the model's run."""
+    from tempering.config_sections import FEEDBACK_CHARS
+    from tempering.envs import EnvContext
+
+    return EnvContext(
+        sandbox,
+        feedback_chars=args.feedback_chars or (env.feedback_chars if env else FEEDBACK_CHARS),
+        options={"code_instruction": args.instruction or (env and env.options.code_instruction)},
+    )
+
+
+def _write_summary(args: argparse.Namespace, figures: dict) -> None:
+    """The run's summary, printed (and written to --out) as JSON."""
+    summary = json.dumps({"model": args.model, "repairs": args.repairs, **figures}, indent=1)
+    print(summary)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(summary, indent=1))
-    return 0
+        Path(args.out).write_text(summary)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
