@@ -163,57 +163,72 @@ def repair(
     )
     log, outcomes = log or JsonLog(None), []
     for e in episodes:
-        outcome = EpisodeOutcome(e.task.id)
         rule.classify(e)  # the last attempt too (the rule is asked only while more may follow)
-        for k, (turn, failure) in enumerate(zip(e.turns, rule.failures[id(e)])):
-            final = k == len(e.turns) - 1
-            outcome.classes.append(failure.kind)
-            if final:
-                outcome.ended = (
-                    "solved"
-                    if turn.success
-                    else "rejected"
-                    if failure.kind == "rejected"
-                    else e.stopped or ("context" if e.truncated else "repairs")
-                )
-            context = len(e.prompt_ids) + e.turn_ends[k] + 1 - turn.tokens
-            latency = rounds[k] if k < len(rounds) else 0.0
-            log.write(
-                {
-                    "event": "attempt",
-                    "time": time.time(),
-                    "model": name,
-                    "task_id": e.task.id,
-                    "attempt": k + 1,
-                    "program": program_of(e.task, turn.action),
-                    "class": failure.kind,
-                    "message": failure.message,
-                    "traceback": failure.traceback,
-                    "visible_failures": failure.visible,
-                    "hidden_failed": failure.hidden_failed,
-                    "hidden_total": failure.hidden_total,
-                    "passed_fraction": turn.passed,
-                    "feedback": turn.observation,
-                    "stuck": final and e.stopped == "stuck",
-                    "final": final,
-                    "ended": outcome.ended or None,
-                    "latency_s": round(latency, 4),
-                    "prompt_tokens": context,
-                    "completion_tokens": turn.tokens,
-                    "task": e.task.model_dump(exclude_defaults=True),
-                }
-            )
-            if metrics:
-                metrics.attempts.labels(failure.kind).inc()
-                metrics.attempt_seconds.observe(latency)
-        if metrics:
-            metrics.episodes.labels(
-                "solved" if outcome.solved else "stuck" if outcome.ended == "stuck" else "failed"
-            ).inc()
+        outcome = _record(e, rule.failures[id(e)], rounds, log, name, metrics)
         if alert:
             alert.observe(outcome.solved, task_id=outcome.task_id)
         outcomes.append(outcome)
     return RepairReport(outcomes)
+
+
+def _record(
+    e: Episode, failures: list[Failure], rounds: list[float], log: JsonLog, name: str, metrics: Metrics | None
+) -> EpisodeOutcome:
+    """An episode's outcome; each of its attempts written to the log and counted in the metrics."""
+    outcome = EpisodeOutcome(e.task.id)
+    for k, (turn, failure) in enumerate(zip(e.turns, failures)):
+        outcome.classes.append(failure.kind)
+        if k == len(e.turns) - 1:
+            outcome.ended = _ended(e, turn.success, failure)
+        latency = rounds[k] if k < len(rounds) else 0.0
+        log.write(_attempt_line(e, k, failure, model=name, ended=outcome.ended or None, latency=latency))
+        if metrics:
+            metrics.attempts.labels(failure.kind).inc()
+            metrics.attempt_seconds.observe(latency)
+    if metrics:
+        metrics.episodes.labels(
+            "solved" if outcome.solved else "stuck" if outcome.ended == "stuck" else "failed"
+        ).inc()
+    return outcome
+
+
+def _ended(e: Episode, success: bool, last: Failure) -> str:
+    """Why the episode ended, from its last attempt (`ATTEMPT_FIELDS`)."""
+    if success:
+        return "solved"
+    if last.kind == "rejected":
+        return "rejected"
+    return e.stopped or ("context" if e.truncated else "repairs")
+
+
+def _attempt_line(
+    e: Episode, k: int, failure: Failure, *, model: str, ended: str | None, latency: float
+) -> dict:
+    """The log line (`ATTEMPT_FIELDS`) of the episode's attempt `k`."""
+    turn, final = e.turns[k], k == len(e.turns) - 1
+    return {
+        "event": "attempt",
+        "time": time.time(),
+        "model": model,
+        "task_id": e.task.id,
+        "attempt": k + 1,
+        "program": program_of(e.task, turn.action),
+        "class": failure.kind,
+        "message": failure.message,
+        "traceback": failure.traceback,
+        "visible_failures": failure.visible,
+        "hidden_failed": failure.hidden_failed,
+        "hidden_total": failure.hidden_total,
+        "passed_fraction": turn.passed,
+        "feedback": turn.observation,
+        "stuck": final and e.stopped == "stuck",
+        "final": final,
+        "ended": ended,
+        "latency_s": round(latency, 4),
+        "prompt_tokens": len(e.prompt_ids) + e.turn_ends[k] + 1 - turn.tokens,
+        "completion_tokens": turn.tokens,
+        "task": e.task.model_dump(exclude_defaults=True),
+    }
 
 
 def _rounds(seconds: list[float]):
