@@ -46,7 +46,8 @@ def sandbox():
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("runs") / "smoke"
-    tempering("train", "configs/smoke.yaml", f"run.dir={run_dir}")
+    proc = tempering("train", "configs/smoke.yaml", f"run.dir={run_dir}")
+    (run_dir.parent / "train.stdout").write_text(proc.stdout)  # what `tempering train` printed
     return run_dir
 
 

@@ -91,3 +91,15 @@ def test_the_command_line_gets_the_one_line_error():
     assert done.stderr == (
         "error: tempering sandbox serve: argument --max-timeout-s: expected a finite number > 0, not '-1'\n"
     )
+
+
+def test_version_is_the_installed_packages(capsys):
+    import importlib.metadata
+
+    import tempering
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out == f"tempering {tempering.__version__}\n"
+    assert importlib.metadata.version("tempering") == tempering.__version__  # pyproject reads it from there

@@ -37,9 +37,19 @@ def _config(args: argparse.Namespace):
 
 def cmd_train(args: argparse.Namespace) -> int:
     from tempering.pipeline import train
+    from tempering.tracking.report import write_report
 
-    summary = train(_config(args), allow_config_change=args.allow_config_change)
-    print(json.dumps({k: v for k, v in summary.items() if not k.startswith("per_domain")}, indent=1))
+    cfg = _config(args)
+    train(cfg, allow_config_change=args.allow_config_change)
+    run_dir = Path(cfg.run.dir)
+    files = {
+        "summary": run_dir / "summary.json",
+        "report": write_report(run_dir),
+        "plot": run_dir / "plot.png",
+    }
+    for what, path in files.items():
+        if path.is_file():
+            print(f"{what:<8} {path}")
     return 0
 
 
@@ -218,7 +228,10 @@ def cmd_models_prepare(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from tempering import __version__
+
     parser = Parser(prog="tempering", description="RL post-training with execution feedback")
+    parser.add_argument("--version", action="version", version=f"tempering {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_run_parsers(sub)
     _add_eval_parser(sub)

@@ -17,6 +17,19 @@ from tests.helpers.runs import (
 
 
 @pytest.mark.slow
+def test_train_ends_with_the_paths_of_what_it_wrote(smoke_run):
+    """The last thing `tempering train` prints: where the summary, the HTML report and the plot are (the
+    table is on stderr with the progress), not the summary's JSON."""
+    lines = (smoke_run.parent / "train.stdout").read_text().splitlines()
+    assert lines == [
+        f"summary  {smoke_run / 'summary.json'}",
+        f"report   {smoke_run / 'report.html'}",
+        f"plot     {smoke_run / 'plot.png'}",
+    ]
+    assert (smoke_run / "report.html").read_text().startswith("<!doctype html>")
+
+
+@pytest.mark.slow
 def test_smoke_run_writes_the_run_directory(smoke_run):
     summary = json.loads((smoke_run / "summary.json").read_text())
     for key in (
@@ -193,9 +206,10 @@ def test_the_same_command_on_a_finished_run_records_no_change_and_rewrites_nothi
     assert "config changed" not in proc.stderr
     assert not (run_dir / "config_history").exists() and "config_changes" not in summary_of(run_dir)
     after = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
-    summary = run_dir / "summary.json"  # its wall_time_s is this invocation's
-    assert {p: b for p, b in after.items() if p != summary} == {
-        p: b for p, b in before.items() if p != summary
+    summary = run_dir / "summary.json"  # its wall_time_s is this invocation's (and report.html shows it)
+    redone = {summary, run_dir / "report.html"}
+    assert {p: b for p, b in after.items() if p not in redone} == {
+        p: b for p, b in before.items() if p not in redone
     }
     assert {k: v for k, v in json.loads(before[summary]).items() if k != "wall_time_s"} == {
         k: v for k, v in summary_of(run_dir).items() if k != "wall_time_s"
