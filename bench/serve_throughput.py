@@ -30,6 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import openai
+from record import write_record  # bench/record.py, beside this script
 
 from tempering.data import generate_tasks
 
@@ -188,6 +189,9 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--old", help="a checkout whose code serves an extra batched arm (e.g. the previous main)")
     p.add_argument("--flood", type=int, default=300, help="requests sent at once in the flood (0: no flood)")
+    p.add_argument(
+        "--record", metavar="PATH", help="also write the batched server's figures as a result record"
+    )
     args = p.parse_args()
     prompts = [t.prompt for t in generate_tasks(8, 64, seed=1234)[1]]
     rows, abuse = {}, {}
@@ -230,6 +234,24 @@ def main() -> None:
             f"{a['after_hang_up']:.3f} s ({a['after_hang_up'] / a['alone']:.2f}x); flood of {args.flood}: "
             f"{a['200']} x 200, {a['429']} x 429, {a['other']} other in {a['wall_s']:.1f} s; /health p50 "
             f"{a['health_p50_s'] * 1000:.1f} ms, slowest {a['health_max_s'] * 1000:.1f} ms"
+        )
+    if args.record:
+        most = max(args.clients)
+        b, u = rows[("batched", most)], rows[("unbatched", most)]
+        write_record(
+            args.record,
+            name="serve-throughput",
+            figure=f"`tempering serve`: {b['tok/s']:.0f} tokens/s, {b['req/s']:.1f} requests/s at {most} clients "
+            f"({b['tok/s'] / u['tok/s']:.1f}x batching off)",
+            unit="tokens/s",
+            value=round(b["tok/s"], 1),
+            values={
+                f"{k}/{c} clients": round(r[k], 3)
+                for (label, c), r in rows.items()
+                if label == "batched"
+                for k in ("req/s", "tok/s", "p50")
+            },
+            notes=f"Model {args.model}; {args.requests} requests of {args.max_tokens} tokens at most, T=1.0.",
         )
 
 
