@@ -10,14 +10,17 @@ evaluates on the 512 held-out tasks (4 samples at T=1, and greedy). A finished r
 directory to redo it). Printed as a markdown table: steps done, held-out sampled pass@1 after RL with its
 95% bootstrap interval over problems, the gain over the SFT start with its paired interval, greedy pass@1,
 sampled pass@1 per domain, and entropy and response length at the end (means of the last 10 steps).
-`--docs` writes the table to docs/algo_compare.md and the plot (sampled pass@1 and its interval per method
-and seed) to docs/img/algo_compare.png.
+`--docs` writes the table to a dated results page, docs/results/YYYY-MM-DD-algo-compare.md (today's date
+and this checkout's commit in its head), and the plot (sampled pass@1 and its interval per method and seed)
+to docs/img/algo_compare-YYYY-MM-DD.png; add the page to the Results section of mkdocs.yml's nav.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -161,7 +164,7 @@ def main() -> None:
     parser.add_argument("--out", default="runs/algo_compare")
     parser.add_argument("--sft", help="an SFT model directory to start from (default: run the SFT stage)")
     parser.add_argument("--algos", nargs="+", default=ALGOS)
-    parser.add_argument("--docs", action="store_true", help="write docs/algo_compare.md and its plot")
+    parser.add_argument("--docs", action="store_true", help="write a dated results page and its plot")
     args = parser.parse_args()
     out = ROOT / args.out
     sft = Path(args.sft) if args.sft else out / "sft" / "sft" / "model"
@@ -172,12 +175,19 @@ def main() -> None:
     print(text)
     plot(results, out / "algo_compare.png")
     if args.docs:
-        plot(results, ROOT / "docs" / "img" / "algo_compare.png")
-        (ROOT / "docs" / "algo_compare.md").write_text(
-            "# Algorithms compared at equal wall clock\n\n"
+        today = datetime.date.today().isoformat()
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip()
+        plot(results, ROOT / "docs" / "img" / f"algo_compare-{today}.png")
+        page = ROOT / "docs" / "results" / f"{today}-algo-compare.md"
+        page.write_text(
+            f"# {today}: algorithms compared at equal wall clock\n\n*Measured at commit `{commit}`.*\n\n"
             f"`.venv/bin/python bench/algo_compare.py --budget-s {args.budget_s:.0f} --seeds "
-            f"{' '.join(map(str, args.seeds))} --docs` (2 cores).\n\n{text}\n![](img/algo_compare.png)\n"
+            f"{' '.join(map(str, args.seeds))} --docs` ({os.cpu_count()} cores).\n\n{text}\n"
+            f"![Held-out pass@1 per method and seed](../img/algo_compare-{today}.png)\n"
         )
+        print(f"wrote {page.relative_to(ROOT)}: add it to mkdocs.yml's Results nav")
 
 
 if __name__ == "__main__":

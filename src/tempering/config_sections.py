@@ -217,7 +217,7 @@ class CriticSection(Section):
 class AlgoSection(Section):
     estimator: str = "grpo"
     """Advantage estimator: grpo, dr_grpo, rloo, reinforce_pp, reinforce_pp_baseline, gae, or
-    `package.module:function` (see docs/algorithms.md)."""
+    `package.module:function` (see docs/concepts/algorithms.md)."""
     scale_by_std: bool = True
     """GRPO: divide by the group's std (False = Dr. GRPO)."""
     gamma: float = Field(1.0, ge=0.0, le=1.0)

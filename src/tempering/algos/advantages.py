@@ -138,7 +138,7 @@ def gae(x: AdvantageInputs, *, gamma: float = 1.0, lam: float = 0.95) -> tuple[T
     Masked-out tokens inside a sequence (observations) are skipped: t+1 is the next policy token.
     """
     if x.values is None:
-        raise ValueError("gae needs critic values: set algo.critic (see docs/algorithms.md)")
+        raise ValueError("gae needs critic values: set algo.critic (see docs/concepts/algorithms.md)")
     response_mask = x.response_mask
     r = last_token_rewards(x.rewards, response_mask, x.token_rewards)
     values = x.values * response_mask

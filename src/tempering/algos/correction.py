@@ -13,7 +13,7 @@ log pi_old - log mu), and every token of the sequence gets that weight. Weights 
 
 A rejected token leaves the mask the update averages over, as verl's rejection sampling takes it out of
 `response_mask`: the loss is the mean over the tokens kept, so rejecting a third of the tokens does not
-shrink the step by a third (docs/algorithms.md, "Mismatch correction").
+shrink the step by a third (docs/concepts/algorithms.md, "Mismatch correction").
 """
 
 from __future__ import annotations

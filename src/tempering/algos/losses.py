@@ -27,7 +27,7 @@ def token_mean(losses: Tensor, mask: Tensor) -> Tensor:
 
 
 # The seq-mean aggregations average over the sequences that have a token in `mask`: a fully masked row (every
-# token rejected by the mismatch correction) is not counted, as in verl's `agg_loss` (docs/algorithms.md).
+# token rejected by the mismatch correction) is not counted, as in verl's `agg_loss` (docs/concepts/algorithms.md).
 
 
 def seq_mean_token_sum(losses: Tensor, mask: Tensor) -> Tensor:

@@ -5,7 +5,7 @@ optionally mirrored to object storage, saved while training goes on.
     remote.py   the fsspec mirror (s3://, memory://, any path), with retries
     saver.py    the asynchronous saver and the resume point (newest valid, local or remote)
 
-Layout (docs/architecture.md, the run directory):
+Layout (docs/reference/run-directory.md):
 
     checkpoints/step_NNNNNN/   model/ (HF format), optimizer.pt, scheduler.pt, rng.pt,
                                trainer_state.json, config.yaml, [critic/], MANIFEST.json

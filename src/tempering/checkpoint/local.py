@@ -1,6 +1,6 @@
 """Local checkpoints: everything that shapes the rest of a run, written so that a crash never leaves a half one.
 
-Layout (docs/architecture.md, the run directory):
+Layout (docs/reference/run-directory.md):
 
     checkpoints/step_NNNNNN/   model/ (HF format), optimizer.pt, scheduler.pt, rng.pt,
                                trainer_state.json, config.yaml, MANIFEST.json

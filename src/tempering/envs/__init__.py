@@ -1,4 +1,4 @@
-"""Environments: what executes a policy's action and answers it (docs/architecture.md).
+"""Environments: what executes a policy's action and answers it (docs/internals/architecture.md).
 
     code            the program is run against the task's tests; failures come back as feedback
     answer          the final answer is checked (arithmetic, Countdown)

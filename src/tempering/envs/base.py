@@ -14,7 +14,7 @@ Weights come from `reward.weights`, else the environment's `default_weights`.
 
 A task names its environment in `env`: a built-in kind (`ENVIRONMENTS`), or a subclass of `Environment` in
 the user's own package as `package.module:Class`, listed in the config's `env.plugins` so that it is
-imported and checked when the config loads (docs/architecture.md, "Plugging in an environment").
+imported and checked when the config loads (docs/guides/environments.md).
 """
 
 from __future__ import annotations

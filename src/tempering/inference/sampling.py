@@ -4,7 +4,7 @@ A row's draw is inverse-CDF sampling with a uniform number that comes from the r
 request's seed), not from a generator shared by the batch: a row's tokens then depend only on its seed,
 its context and the weights - not on which rows share the step, nor on when it joined the batch. (The
 floats of a batched forward may still differ in the last bits with the batch's shape; see
-docs/architecture.md, "Determinism".)
+docs/concepts/determinism.md.)
 """
 
 from __future__ import annotations

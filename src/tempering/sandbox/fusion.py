@@ -16,7 +16,7 @@ and its response:
 
 `Failed` is the program's own failure (a non-zero exit, a time limit; a compile error has only a
 `compile_result`); `SandboxError` is the sandbox's. A client of SandboxFusion can point at tempering's
-service unchanged (see docs/architecture.md, "Service"); the code here is written from that shape.
+service unchanged (see docs/internals/architecture.md, "Sandbox"); the code here is written from that shape.
 """
 
 from __future__ import annotations
