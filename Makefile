@@ -64,11 +64,11 @@ test-fast: $(DEV_STAMP) $(MODELS_STAMP)
 # and mypy on the modules that pyproject's [tool.mypy] lists (the pure algorithms, the engine package, the
 # records, the config).
 lint: $(DEV_STAMP)
-	$(BIN)/ruff check src tests bench examples
-	$(BIN)/ruff format --check src tests bench examples
+	$(BIN)/ruff check src tests bench examples tools
+	$(BIN)/ruff format --check src tests bench examples tools
 
 format: $(DEV_STAMP)
-	$(BIN)/ruff format src tests bench examples
+	$(BIN)/ruff format src tests bench examples tools
 
 typecheck: $(DEV_STAMP)
 	$(BIN)/mypy
