@@ -50,18 +50,30 @@ NEUTRAL = {
 
 
 class SamplingRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")  # checked by `unsupported`: accepted only when harmless
+    # extra="allow": checked by `unsupported`, accepted only when harmless; the docstrings under the fields
+    # are their descriptions in the HTTP reference (docs/reference/http.md)
+    model_config = ConfigDict(extra="allow", use_attribute_docstrings=True)
 
     model: str | None = None
+    """The served model's name, or unset; any other name is a 404."""
     max_tokens: int | None = Field(None, ge=1)
+    """Longest completion, in tokens (unset: 256)."""
     max_completion_tokens: int | None = Field(None, ge=1)
+    """The same as max_tokens (OpenAI's newer name); this one wins when both are set."""
     temperature: float = Field(1.0, ge=0.0, le=2.0)
+    """Sampling temperature; 0 = greedy."""
     top_p: float = Field(1.0, gt=0.0, le=1.0)
+    """Nucleus sampling threshold (1 = off)."""
     n: int = Field(1, ge=1)
+    """Choices to sample for the prompt."""
     stream: bool = False
+    """Answer as server-sent events, text as it becomes final."""
     stream_options: dict[str, Any] | None = None
+    """`{"include_usage": true}`: a last chunk with the token counts."""
     seed: int | None = Field(None, ge=-(1 << 63), lt=1 << 63)
+    """Seeds this request's sampling: the same numbers whichever requests share its batch."""
     stop: str | list[str] | None = None
+    """Up to 4 strings; the text is cut before the first one found (finish_reason `stop`)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -80,14 +92,18 @@ class SamplingRequest(BaseModel):
 
 class ChatRequest(SamplingRequest):
     messages: list[dict[str, Any]] = Field(min_length=1)
+    """The conversation: `{"role", "content"}` objects, content text (or text parts)."""
     logprobs: bool = False
+    """Return the sampled tokens' log-probs."""
     top_logprobs: int | None = Field(None, ge=0, le=20)
+    """With logprobs: also this many most likely alternatives per token (past the server's cap, 5, a 400)."""
 
 
 class CompletionRequest(SamplingRequest):
     prompt: str | list[int] = Field(union_mode="left_to_right")
     """Text, or token ids (OpenAI's and vLLM's completions API take both)."""
     logprobs: int | None = Field(None, ge=0, le=5)
+    """Return the sampled tokens' log-probs and this many most likely alternatives per token."""
     return_token_ids: bool = False
     """vLLM's extension: each choice also carries `token_ids` (its sampled ids, a stop token included)
     and the response `prompt_token_ids` - what an episode over HTTP appends to its context."""

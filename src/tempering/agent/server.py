@@ -137,9 +137,17 @@ class OpenAIServer:
     def app(self):
         """The ASGI app (behind the shared token and body-size guard, `http.Guard`). Starts the engine's loop on
         a thread of its own (continuous batching); the app's shutdown closes it."""
-        app = FastAPI(title="tempering serve", docs_url=None, redoc_url=None, openapi_url=None)
+        app = self.routes()
         app.router.on_shutdown.extend([self.engine.close, self.tokenizing.shutdown])
         app.state.engine, app.state.metrics = self.engine, self.metrics
+        self.engine.start()  # last: nothing after it can fail and leave its thread running
+        observed = Observe(Gate(app, self.admission), self.metrics, self.log, self.alert)
+        return Guard(observed, self.token, self.limits.max_request_bytes, error=guard_error)
+
+    def routes(self) -> FastAPI:
+        """The routes and error handlers on FastAPI, nothing started: `app` serves them; the HTTP reference
+        (tools/gen_docs.py) reads their OpenAPI schema, which needs none of the server's state."""
+        app = FastAPI(title="tempering serve", docs_url=None, redoc_url=None, openapi_url=None)
         app.add_exception_handler(RequestValidationError, self.invalid)
         app.add_exception_handler(Refused, self.refused)
         app.add_exception_handler(StarletteHTTPException, self.no_route)
@@ -150,9 +158,7 @@ class OpenAIServer:
             "/v1/chat/completions", self.chat_completions, methods=["POST"], response_model=None
         )
         app.add_api_route("/v1/completions", self.completions, methods=["POST"], response_model=None)
-        self.engine.start()  # last: nothing after it can fail and leave its thread running
-        observed = Observe(Gate(app, self.admission), self.metrics, self.log, self.alert)
-        return Guard(observed, self.token, self.limits.max_request_bytes, error=guard_error)
+        return app
 
     # Errors, as OpenAI shapes them.
 
@@ -175,12 +181,15 @@ class OpenAIServer:
     # The routes.
 
     async def health(self) -> dict[str, Any]:
+        """Liveness, answered on the event loop whatever the load: the model's name and the requests pending."""
         return {"status": "ok", "model": self.chat.name, "pending": self.admission.total}
 
     def prometheus(self) -> Response:
+        """Prometheus text: requests, latency, tokens, batch sizes, cancellations."""
         return Response(self.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     def models(self) -> dict[str, Any]:
+        """The one model served (its id is the MODEL argument of `tempering serve`)."""
         return {
             "object": "list",
             "data": [
@@ -195,6 +204,8 @@ class OpenAIServer:
         }
 
     async def chat_completions(self, body: ChatRequest, request: Request):
+        """OpenAI's chat completions: the messages in the model's chat format; `stream: true` for server-sent
+        events."""
         if body.top_logprobs is not None and not body.logprobs:
             raise Refused(400, "top_logprobs: needs logprobs: true")
         messages = request_messages(body.messages)
@@ -211,6 +222,7 @@ class OpenAIServer:
         return await self.answer(request, body, jobs, reply)
 
     async def completions(self, body: CompletionRequest, request: Request):
+        """OpenAI's (legacy) completions: a text prompt, or a list of token ids, continued as it is."""
         tokenizer = self.chat.tokenizer
         if isinstance(body.prompt, list):
             vocab = len(tokenizer)

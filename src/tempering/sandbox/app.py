@@ -56,6 +56,7 @@ def create_app(sandbox: LocalSandbox, *, token: str | None, limits: ServiceLimit
 
     @app.get("/health")
     def health() -> dict[str, Any]:
+        """The backend, the worker count, the executions pending and the protections in force."""
         return {
             "status": "ok",
             "backend": sandbox.backend,
@@ -68,6 +69,7 @@ def create_app(sandbox: LocalSandbox, *, token: str | None, limits: ServiceLimit
     def execute(
         batch: Batch, request: Request
     ) -> dict[str, Any]:  # a plain def: run on FastAPI's thread pool
+        """Execute a batch of requests (`ExecRequest` as JSON); the raw results, in order."""
         try:
             reqs = [request_from_json(r) for r in batch.requests]
             reqs = [replace(r, limits=limits.clamp(r.limits)) for r in reqs]
@@ -84,6 +86,7 @@ def create_app(sandbox: LocalSandbox, *, token: str | None, limits: ServiceLimit
 
     @app.post("/run_code")
     def run_code(body: fusion.RunCode, request: Request) -> dict[str, Any]:
+        """SandboxFusion's `/run_code`, request and response, for its existing clients (verl's reward)."""
         why = fusion.unsupported(body)
         if why:
             return fusion.error_response(why)
