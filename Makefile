@@ -9,8 +9,9 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEV_STAMP := $(VENV)/.installed-dev
 MODELS_STAMP := $(VENV)/.installed-models
+DOCS_STAMP := $(VENV)/.installed-docs
 
-.PHONY: setup models demo smollm2 test test-fast lint format typecheck smoke clean vllm test-vllm
+.PHONY: setup models demo smollm2 test test-fast lint format typecheck smoke clean vllm test-vllm docs docs-ref
 
 setup: $(STAMP)
 
@@ -72,6 +73,18 @@ format: $(DEV_STAMP)
 
 typecheck: $(DEV_STAMP)
 	$(BIN)/mypy
+
+# The documentation site (mkdocs-material, the API pages by mkdocstrings) into site/; --strict fails on a dead
+# link or a missing page. `make docs-ref` rewrites the generated reference pages (docs/reference/) from the code.
+$(DOCS_STAMP): $(STAMP)
+	$(BIN)/pip install -q --disable-pip-version-check -e '.[docs]'
+	@touch $@
+
+docs: $(DOCS_STAMP)
+	$(BIN)/mkdocs build --strict --site-dir site
+
+docs-ref: setup
+	$(BIN)/python tools/gen_docs.py
 
 # vLLM's CPU build in a venv of its own (it pins torch 2.13.0+cpu and transformers <5.20; ~110 s, 3.5 GB):
 # rollout.engine=vllm and the `vllm` tests. Not part of `make test`.
