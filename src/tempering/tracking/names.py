@@ -21,7 +21,10 @@ class Metric(NamedTuple):
 
 METRICS: dict[str, Metric] = {
     # The step's episodes and their rewards (tracking/metrics.py)
-    "reward/mean": Metric("", "Mean reward of the step's episodes: the weighted sum of their components."),
+    "reward/mean": Metric(
+        "",
+        "Mean reward of the step's episodes: each the weighted sum of its components (reward.penalty when a guard caught it).",
+    ),
     "reward/std": Metric("", "Standard deviation of those rewards."),
     "reward/<component>/mean": Metric(
         "", "Mean of one reward component before its weight (tests, format, improvement, success, step, ...)."
