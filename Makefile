@@ -75,16 +75,18 @@ typecheck: $(DEV_STAMP)
 	$(BIN)/mypy
 
 # The documentation site (mkdocs-material, the API pages by mkdocstrings) into site/; --strict fails on a dead
-# link or a missing page. `make docs-ref` rewrites the generated reference pages (docs/reference/) from the code.
+# link or a missing page. `make docs-ref` rewrites the generated pages: the references (docs/reference/) from
+# the code, the results page and README.md's results table from results/*.json.
 $(DOCS_STAMP): $(STAMP)
 	$(BIN)/pip install -q --disable-pip-version-check -e '.[docs]'
 	@touch $@
 
 docs: $(DOCS_STAMP)
-	$(BIN)/mkdocs build --strict --site-dir site
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 docs-ref: setup
 	$(BIN)/python tools/gen_docs.py
+	$(BIN)/python tools/docs_results.py
 
 # vLLM's CPU build in a venv of its own (it pins torch 2.13.0+cpu and transformers <5.20; ~110 s, 3.5 GB):
 # rollout.engine=vllm and the `vllm` tests. Not part of `make test`.

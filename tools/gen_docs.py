@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
+import html
 import inspect
 import json
 import sys
@@ -43,8 +44,11 @@ def one_line(text: str | None) -> str:
 
 
 def code(text: str) -> str:
-    """Inline code for a table cell (a pipe inside is escaped for the table)."""
-    return "`" + text.replace("|", "\\|") + "`"
+    """Inline code for a table cell. A cell with a pipe is HTML (`<code>` with the pipe as `&#124;`): the
+    table would split on a bare pipe, and Markdown shows an escaped one inside backticks with its backslash."""
+    if "|" not in text:
+        return "`" + text + "`"
+    return "<code>" + html.escape(text).replace("|", "&#124;") + "</code>"
 
 
 # ----------------------------------------------------------------------------------------- config
