@@ -73,6 +73,7 @@ class RLTrainer:
             rollout = self.collect(step, timer)
             batch = rollout.batch
             if len(batch) == 0:  # dynamic sampling found no group with a learning signal
+                self.pool.publish(step, self.state.policy)  # the same weights, now those of version `step`
                 return StepResult({"actor/trained_fraction": 0.0, **rollout.metrics, **timer.seconds})
             metrics = self.score(batch, timer)
             if self.cfg.algo.correction != "none":

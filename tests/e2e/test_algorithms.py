@@ -6,7 +6,7 @@ import json
 import pytest
 import yaml
 
-from tests.helpers.runs import ROOT, kill_after_checkpoint, metrics, stable, tempering
+from tests.helpers.runs import ROOT, kill_after_checkpoint, metrics, stable, tempering, train_tiny
 
 ALGOS = ["grpo", "dr_grpo", "rloo", "reinforce_pp", "ppo_gae", "dapo"]
 
@@ -71,3 +71,14 @@ def test_resume_with_a_critic_and_adaptive_kl_is_exact(tmp_path):
     for a, b in zip(ref, ref[1:]):
         e = min(max(a["actor/reward_kl"] / 0.01 - 1.0, -0.2), 0.2)
         assert b["actor/kl_coef"] == pytest.approx(a["actor/kl_coef"] * (1 + e * 16 / 10000), rel=1e-9)
+
+
+@pytest.mark.slow
+def test_a_step_dynamic_sampling_leaves_empty_goes_on_to_the_next(tmp_path):
+    """Tool tasks the tiny model never solves: every group of step 1 has equal scores, so dynamic sampling
+    keeps none and the step trains nothing; step 2 is still sent with the weights of version 1."""
+    run_dir = tmp_path / "run"
+    train_tiny(run_dir, "train.steps=2", "algo.dynamic_sampling=true", "data.generator=tools")
+    rows = metrics(run_dir)
+    assert [r["step"] for r in rows] == [1, 2]
+    assert rows[0]["actor/trained_fraction"] == 0.0 and rows[0]["dapo/kept_groups"] == 0.0
