@@ -84,6 +84,17 @@ class PlainFormat:
 
     def observation(self, conv: Conversation, action: str, ended: bool, observation: str) -> list[int]:
         """Ids that follow an action (whose sampled ids end with EOS when `ended`) and carry `observation`."""
+        return self.extend(conv, action, ended, [{"role": "user", "content": observation}])
+
+    def extend(
+        self, conv: Conversation, action: str, ended: bool, messages: list[dict[str, str]]
+    ) -> list[int]:
+        """`observation` for messages that follow an action: plain turns take exactly one user message."""
+        if [m.get("role") for m in messages] != ["user"]:
+            raise ValueError(
+                "messages: this model has no chat template; one user turn follows an assistant one"
+            )
+        observation = messages[0]["content"]
         conv.messages += [{"role": "assistant", "content": action}, {"role": "user", "content": observation}]
         # Feedback may echo model text such as "<eos>": as text, never as a control token.
         ids = self.tokenizer(observation, add_special_tokens=False, split_special_tokens=True).input_ids
@@ -145,11 +156,15 @@ class TemplateFormat:
         return self._ids(self._render(conv, conv.messages, True)), conv
 
     def observation(self, conv: Conversation, action: str, ended: bool, observation: str) -> list[int]:
+        return self.extend(conv, action, ended, [{"role": self.role, "content": observation}])
+
+    def extend(
+        self, conv: Conversation, action: str, ended: bool, messages: list[dict[str, str]]
+    ) -> list[int]:
+        """Ids that follow an action (its sampled ids end with the end of turn when `ended`) and carry
+        `messages` (observations, tool results, a user turn), up to the next generation prompt."""
         before = self._render(conv, conv.messages + [{"role": "assistant", "content": action}], False)
-        conv.messages += [
-            {"role": "assistant", "content": action},
-            {"role": self.role, "content": observation},
-        ]
+        conv.messages += [{"role": "assistant", "content": action}, *messages]
         after = self._render(conv, conv.messages, True)
         if not after.startswith(before):
             raise ValueError(
