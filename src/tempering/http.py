@@ -17,6 +17,7 @@ import hmac
 import ipaddress
 import json
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -119,10 +120,13 @@ class Guard:
         token: str | None,
         max_bytes: int,
         error: Callable[[int, str], dict] = lambda status, detail: {"detail": detail},
+        accepts: Callable[[str, str], bool] | None = None,
     ):
         self.app, self.token, self.max_bytes = app, token, max_bytes
         self.error = error
         """The body of a refusal, from its status and message (`tempering serve`: OpenAI's shape)."""
+        self.accepts = accepts
+        """(path, key) -> whether another key may pass to the app, which checks it (a session's key)."""
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -160,6 +164,8 @@ class Guard:
             given = given[len("Bearer ") :]
         else:
             given = (parse_qs(scope.get("query_string", b"").decode("latin-1")).get("token") or [""])[0]
+        if self.accepts is not None and self.accepts(scope["path"], given):
+            return True
         return hmac.compare_digest(given.encode(), self.token.encode())
 
 
@@ -238,3 +244,17 @@ class RetryingClient:
 
     def close(self) -> None:
         self.client.close()
+
+
+def check_address(host: str, port: int) -> None:
+    """A server could listen on host:port - a host of this machine, no server there already - checked
+    before anything is loaded (a model: minutes). The port's range is the CLI's `port_number`."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+            probe.bind(address)
+    except OSError as e:
+        raise TemperingError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None

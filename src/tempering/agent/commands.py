@@ -199,12 +199,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         TOKEN_ENV,
         TOKEN_FILE_ENV,
         ServeLimits,
-        check_address,
+        SessionLimits,
         check_exposure,
         serve,
     )
     from tempering.checkpoint import resolve_model
-    from tempering.http import read_token
+    from tempering.http import check_address, read_token
     from tempering.runtime import configure
 
     token = read_token(args.token_file, TOKEN_ENV, TOKEN_FILE_ENV)
@@ -244,6 +244,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         alert=alert,
         limits=limits,
         metrics=metrics,
+        sessions=SessionLimits(max_sessions=args.sessions) if args.sessions else None,
     )
     return 0
 
@@ -388,6 +389,12 @@ def _add_serve_parser(sub, parents: list[argparse.ArgumentParser]) -> None:
         help="requests one client (address) may have queued or generating; more get 429",
     )
     p.add_argument("--max-n", type=positive_int, default=8, help="most choices per request (n)")
+    p.add_argument(
+        "--sessions",
+        type=positive_int,
+        metavar="N",
+        help="record agents' calls in sessions (POST /v1/sessions), at most N open at once",
+    )
     p.add_argument(
         "--max-tokens-cap",
         type=positive_int,

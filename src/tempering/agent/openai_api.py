@@ -9,6 +9,7 @@
 - the answers, whole or as stream chunks (`ChatReply`, `CompletionReply`, `usage`).
 """
 
+import functools
 import time
 import uuid
 from collections.abc import Callable
@@ -18,7 +19,7 @@ from typing import Any
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from tempering.agent.serving import Job, TokenLogprob
+from tempering.agent.serving import Job, TokenLogprob, token_bytes
 
 DEFAULT_MAX_TOKENS = 256
 HARMLESS = {
@@ -247,6 +248,27 @@ def usage(jobs: list[Job]) -> dict[str, int]:
     """A request's token counts (its choices share one prompt)."""
     prompt, done = len(jobs[0].prompt), sum(j.completion_tokens for j in jobs)
     return {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done}
+
+
+class TokenText:
+    """Tokens as OpenAI's chat API lists their log-probs; each token's text and bytes cached (per server)."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.text = functools.lru_cache(maxsize=4096)(self._text)
+
+    def _text(self, token: int) -> tuple[str, bytes]:
+        """A token's text and its own bytes (a byte token's one byte, not its text's U+FFFD)."""
+        return self.tokenizer.decode([token], skip_special_tokens=False), token_bytes(self.tokenizer, token)
+
+    def logprob(self, token: int, logprob: float) -> dict:
+        text, raw = self.text(token)
+        return {"token": text, "logprob": logprob, "bytes": list(raw)}
+
+    def entry(self, entry: TokenLogprob) -> dict:
+        """A sampled token's log-prob and its alternatives'."""
+        one = self.logprob
+        return {**one(entry.token, entry.logprob), "top_logprobs": [one(t, lp) for t, lp in entry.top]}
 
 
 @dataclass(slots=True)

@@ -5,6 +5,7 @@
     POST /v1/completions         a text prompt, continued as it is
     GET  /metrics                Prometheus text (requests, latency, tokens, batch sizes, cancellations)
     GET  /health                 answered on the event loop, whatever the load
+    POST /v1/sessions            with --sessions: a recording session (`sessions.py`); /{id}/reward, /close
 
 OpenAI's request fields that are implemented: `max_tokens` / `max_completion_tokens`, `temperature` (0 =
 greedy), `top_p`, `n`, `seed` (per request: a seeded request draws the same numbers whichever requests
@@ -43,10 +44,9 @@ layers of `asgi.py`; `create_app` builds one and returns its ASGI app. The reque
 """
 
 import asyncio
-import functools
+import dataclasses
 import gc
 import json
-import socket
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -70,40 +70,30 @@ from tempering.agent.openai_api import (
     Refused,
     SamplingRequest,
     ServeLimits,
+    TokenText,
     check_request,
     error_response,
     request_messages,
     usage,
 )
-from tempering.agent.serving import Job, TokenLogprob, token_bytes
+from tempering.agent.serving import Job, disconnected, on_loop
+from tempering.agent.sessions import (
+    KEY_PREFIX,
+    Call,
+    RewardRequest,
+    SessionLimits,
+    SessionStore,
+    chat_key,
+    text_prompt,
+)
 from tempering.errors import TemperingError
 from tempering.http import MIN_TOKEN_CHARS, Admission, Guard, is_loopback
-from tempering.inference.generation import encode_prompt
 
 TOKEN_ENV, TOKEN_FILE_ENV = "TEMPERING_SERVE_TOKEN", "TEMPERING_SERVE_TOKEN_FILE"
 
 
-def _on_loop(future, loop: asyncio.AbstractEventLoop) -> asyncio.Future:
-    """An asyncio future that completes with a job's `done` (set in the engine's thread). Unlike
-    `asyncio.wrap_future`, cancelling it never cancels the job's own future under the engine."""
-    out = loop.create_future()
-
-    def copy(f) -> None:
-        if out.done():
-            return
-        if f.exception() is not None:
-            out.set_exception(f.exception())
-        else:
-            out.set_result(f.result())
-
-    future.add_done_callback(lambda f: loop.call_soon_threadsafe(copy, f))
-    return out
-
-
-async def _disconnected(request: Request) -> None:
-    """Returns when the client hangs up (after the body, the next ASGI message is the disconnect)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
+def _bearer(request: Request) -> str:
+    return request.headers.get("authorization", "").removeprefix("Bearer ")
 
 
 Reply = ChatReply | CompletionReply
@@ -124,6 +114,7 @@ class OpenAIServer:
         alert: AlertRule | None = None,
         limits: ServeLimits | None = None,
         metrics: Metrics | None = None,
+        sessions: SessionLimits | None = None,
     ):
         limits = limits or ServeLimits()
         self.chat, self.engine, self.token, self.alert, self.limits = chat, chat.engine, token, alert, limits
@@ -132,7 +123,9 @@ class OpenAIServer:
         self.tokenizing = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tokenize")
         self.log = JsonLog(log_path)
         self.created = int(time.time())
-        self.token_text = functools.lru_cache(maxsize=4096)(self._token_text)
+        self.token_entry = TokenText(chat.tokenizer).entry
+        self.sessions = SessionStore(chat, sessions) if sessions else None
+        """Recording sessions (`sessions.py`), when this server records them."""
 
     def app(self):
         """The ASGI app (behind the shared token and body-size guard, `http.Guard`). Starts the engine's loop on
@@ -142,7 +135,8 @@ class OpenAIServer:
         app.state.engine, app.state.metrics = self.engine, self.metrics
         self.engine.start()  # last: nothing after it can fail and leave its thread running
         observed = Observe(Gate(app, self.admission), self.metrics, self.log, self.alert)
-        return Guard(observed, self.token, self.limits.max_request_bytes, error=guard_error)
+        accepts = self.sessions.accepts if self.sessions else None
+        return Guard(observed, self.token, self.limits.max_request_bytes, error=guard_error, accepts=accepts)
 
     def routes(self) -> FastAPI:
         """The routes and error handlers on FastAPI, nothing started: `app` serves them; the HTTP reference
@@ -158,6 +152,9 @@ class OpenAIServer:
             "/v1/chat/completions", self.chat_completions, methods=["POST"], response_model=None
         )
         app.add_api_route("/v1/completions", self.completions, methods=["POST"], response_model=None)
+        app.add_api_route("/v1/sessions", self.session_open, methods=["POST"])
+        app.add_api_route("/v1/sessions/{sid}/reward", self.session_reward, methods=["POST"])
+        app.add_api_route("/v1/sessions/{sid}/close", self.session_close, methods=["POST"])
         return app
 
     # Errors, as OpenAI shapes them.
@@ -217,7 +214,9 @@ class OpenAIServer:
                 raise Refused(400, str(e)) from None
 
         top = (body.top_logprobs or 0) if body.logprobs else None
-        jobs = await self.admitted(request, body, sum(len(m["content"]) for m in messages), top, render)
+        call = self.session_call(request, body.n, chat_key(messages), render, messages)
+        chars = sum(len(m["content"]) for m in messages)
+        jobs = await self.admitted(request, body, chars, top, call.tokenize if call else render, call)
         reply = ChatReply(self.chat.name, self.token_entry if body.logprobs else None)
         return await self.answer(request, body, jobs, reply)
 
@@ -228,14 +227,49 @@ class OpenAIServer:
             vocab = len(tokenizer)
             if not body.prompt or any(not 0 <= t < vocab for t in body.prompt):
                 raise Refused(400, f"prompt: token ids must be a non-empty list in [0, {vocab})")
-            ids = list(body.prompt)
-            jobs = await self.admitted(request, body, len(ids), body.logprobs, lambda: ids)
-        else:
-            jobs = await self.admitted(
-                request, body, len(body.prompt), body.logprobs, lambda: encode_prompt(tokenizer, body.prompt)
-            )
+        key, tokens = text_prompt(tokenizer, body.prompt)
+        call = self.session_call(request, body.n, key, tokens)
+        top = body.logprobs
+        jobs = await self.admitted(
+            request, body, len(body.prompt), top, call.tokenize if call else tokens, call
+        )
         reply = CompletionReply(self.chat.name, tokenizer, body.logprobs is not None, body.return_token_ids)
         return await self.answer(request, body, jobs, reply)
+
+    # Recording sessions (`sessions.py`).
+
+    def store(self) -> SessionStore:
+        if self.sessions is None:
+            raise Refused(404, "this server records no sessions (start it with --sessions)")
+        return self.sessions
+
+    async def session_open(self, request: Request) -> dict[str, str]:
+        """A recording session: its id, the base URL its agent calls, and its API key."""
+        session = self.store().create()
+        return {
+            "id": session.id,
+            "base_url": f"{str(request.base_url).rstrip('/')}/v1",
+            "api_key": session.key,
+        }
+
+    async def session_reward(self, sid: str, body: RewardRequest, request: Request) -> dict[str, Any]:
+        """Attach a reward to a turn of the session (its last by default); needs the session's key."""
+        return self.store().reward(self.store().owned(sid, _bearer(request)), body.reward, body.turn)
+
+    async def session_close(self, sid: str, request: Request) -> dict[str, Any]:
+        """End the session (needs its key): its branches' records, also kept for the trainer."""
+        session = self.store().owned(sid, _bearer(request))
+        records = await asyncio.get_running_loop().run_in_executor(
+            self.tokenizing, self.sessions.close, session
+        )
+        return {"id": sid, "records": [dataclasses.asdict(r) for r in records]}
+
+    def session_call(self, request: Request, n: int, key, tokens, messages=None) -> Call | None:
+        """The call as its session records it, or None for a call made without a session key."""
+        given = _bearer(request)
+        if self.sessions is None or not given.startswith(KEY_PREFIX):
+            return None
+        return self.sessions.call(self.sessions.authorize(given), key, n, tokens, messages)
 
     # A completion request, from its body to its answer.
 
@@ -246,13 +280,14 @@ class OpenAIServer:
         chars: int,
         top: int | None,
         tokenize: Callable[[], list[int]],
+        call: Call | None = None,
     ) -> list[Job]:
         """Checked, admitted (429 past the caps) and tokenized (off the event loop): the request's jobs, not
         submitted yet - `answer` submits them once it listens to them."""
         stop = check_request(
             body, chars, top, model=self.chat.name, max_context=self.chat.max_context, limits=self.limits
         )
-        client = request.client.host if request.client else "?"
+        client = call.client if call else request.client.host if request.client else "?"
         self.enter(client, body.n)
         prompt, room = await self.tokenized(client, body.n, tokenize)
         wanted = body.max_completion_tokens or body.max_tokens or DEFAULT_MAX_TOKENS
@@ -272,6 +307,8 @@ class OpenAIServer:
         ]
         for job in jobs:  # each gives its room back when the engine is done with it (or it was cancelled)
             job.done.add_done_callback(lambda _, c=client: self.admission.leave(c, 1))
+        if call:
+            call.watch(jobs[0])
         return jobs
 
     def enter(self, client: str, n: int) -> None:
@@ -318,8 +355,8 @@ class OpenAIServer:
         loop = asyncio.get_running_loop()
         for job in jobs:
             job.submit(self.engine)
-        everything = asyncio.gather(*(_on_loop(j.done, loop) for j in jobs))
-        gone = asyncio.ensure_future(_disconnected(request))
+        everything = asyncio.gather(*(on_loop(j.done, loop) for j in jobs))
+        gone = asyncio.ensure_future(disconnected(request))
         await asyncio.wait({everything, gone}, return_when=asyncio.FIRST_COMPLETED)
         if not everything.done():  # the client hung up: its rows leave the batch at the next step
             for j in jobs:
@@ -372,35 +409,10 @@ class OpenAIServer:
         self.metrics.prompt_tokens.inc(len(jobs[0].prompt))
         self.metrics.completion_tokens.inc(sum(j.completion_tokens for j in jobs))
 
-    def _token_text(self, token: int) -> tuple[str, bytes]:
-        """A token's text and its own bytes (a byte token's one byte, not its text's U+FFFD); cached per
-        server as `token_text`."""
-        tokenizer = self.chat.tokenizer
-        return tokenizer.decode([token], skip_special_tokens=False), token_bytes(tokenizer, token)
 
-    def token_logprob(self, token: int, logprob: float) -> dict:
-        text, raw = self.token_text(token)
-        return {"token": text, "logprob": logprob, "bytes": list(raw)}
-
-    def token_entry(self, entry: TokenLogprob) -> dict:
-        """A sampled token's log-prob and its alternatives', as OpenAI's chat API lists them."""
-        one = self.token_logprob
-        return {**one(entry.token, entry.logprob), "top_logprobs": [one(t, lp) for t, lp in entry.top]}
-
-
-def create_app(
-    chat: LocalModel,
-    *,
-    token: str | None = None,
-    log_path: str | None = None,
-    alert: AlertRule | None = None,
-    limits: ServeLimits | None = None,
-    metrics: Metrics | None = None,
-):
-    """The ASGI app of an `OpenAIServer` over `chat` (see `OpenAIServer.app`)."""
-    return OpenAIServer(
-        chat, token=token, log_path=log_path, alert=alert, limits=limits, metrics=metrics
-    ).app()
+def create_app(chat: LocalModel, **options: Any):
+    """The ASGI app of an `OpenAIServer(chat, **options)` (see `OpenAIServer.app`)."""
+    return OpenAIServer(chat, **options).app()
 
 
 def check_exposure(host: str, token: str | None) -> None:
@@ -412,36 +424,12 @@ def check_exposure(host: str, token: str | None) -> None:
         )
 
 
-def check_address(host: str, port: int) -> None:
-    """The server could listen on host:port - a host of this machine, no server there already - checked
-    before anything is loaded (a model: minutes). The port's range is the CLI's `port_number`."""
-    try:
-        family, kind, proto, _, address = socket.getaddrinfo(
-            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        )[0]
-        with socket.socket(family, kind, proto) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
-            probe.bind(address)
-    except OSError as e:
-        raise TemperingError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
-
-
-def serve(
-    chat: LocalModel,
-    host: str = "127.0.0.1",
-    port: int = 8000,
-    *,
-    token: str | None = None,
-    log_path: str | None = None,
-    alert: AlertRule | None = None,
-    limits: ServeLimits | None = None,
-    metrics: Metrics | None = None,
-) -> None:
-    """Serve until interrupted. Refuses a non-loopback address without a token."""
+def serve(chat: LocalModel, host: str = "127.0.0.1", port: int = 8000, **options: Any) -> None:
+    """Serve until interrupted (`options`: `OpenAIServer`'s). Refuses a non-loopback address without a token."""
     import uvicorn
 
-    check_exposure(host, token)
-    app = create_app(chat, token=token, log_path=log_path, alert=alert, limits=limits, metrics=metrics)
+    check_exposure(host, options.get("token"))
+    app = create_app(chat, **options)
     # Everything loaded so far (torch, transformers, the model) is never garbage: out of the collector's
     # sight, a full collection no longer walks it - measured, it was what stalled /health for ~0.2 s in a
     # flood of 300 requests (bench/serve_throughput.py).

@@ -13,6 +13,7 @@ its client hangs up).
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import re
 import threading
@@ -22,6 +23,29 @@ from dataclasses import dataclass, field
 
 from tempering.inference.protocol import Completion, Handle, Request
 from tempering.inference.sampling import Sampled
+
+
+def on_loop(future: Future, loop: asyncio.AbstractEventLoop) -> asyncio.Future:
+    """An asyncio future that completes with a job's `done` (set in the engine's thread). Unlike
+    `asyncio.wrap_future`, cancelling it never cancels the job's own future under the engine."""
+    out = loop.create_future()
+
+    def copy(f) -> None:
+        if out.done():
+            return
+        if f.exception() is not None:
+            out.set_exception(f.exception())
+        else:
+            out.set_result(f.result())
+
+    future.add_done_callback(lambda f: loop.call_soon_threadsafe(copy, f))
+    return out
+
+
+async def disconnected(request) -> None:
+    """Returns when an ASGI request's client hangs up (after the body, the next message is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 @dataclass
@@ -53,6 +77,8 @@ class Job:
         self.token_logprobs: list[TokenLogprob] = []
         self.text = ""
         self.finish_reason: str | None = None
+        self.completion: Completion | None = None
+        """The engine's result (its ids, log-probs under the sampling distribution, policy version)."""
         self.done: Future = Future()
         self.handle: Handle | None = None
         self._cancel = threading.Event()
@@ -120,6 +146,7 @@ class Job:
             self.done.set_exception(future.exception())
             return
         done: Completion = future.result()
+        self.completion = done
         if self.finish_reason is None:
             self.finish_reason = done.finish_reason
             ended = done.finish_reason == "stop" and bool(self.ids) and self.ids[-1] in self._stops

@@ -1,0 +1,226 @@
+"""Recording sessions in `tempering serve` (in-process on loopback): a multi-turn agent's calls recorded
+token for token as the engine computed and sampled them (chat with a tool result, streaming or not, and
+text completions), rewards, forks on an edited history, token exactness against a full re-render, and a
+hostile agent (wrong or forged keys, floods, huge messages, a session never closed) that costs nothing
+but its own session."""
+
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import openai
+import pytest
+import torch
+import uvicorn
+
+from tempering.agent.backends import local_model
+from tempering.agent.server import ServeLimits, create_app
+from tempering.agent.sessions import SessionLimits
+from tempering.models.loading import load_model, load_tokenizer
+
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def chatml(model_dir, stable: bool = False):
+    """The tiny model with ChatML's special tokens and template; `stable`: a head that always writes one
+    token whose repetitions re-tokenize to themselves, so a re-render of its replies is exact."""
+    model, tokenizer = load_model(model_dir), load_tokenizer(model_dir)
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    tokenizer.chat_template = CHATML
+    model.resize_token_embeddings(len(tokenizer), mean_resizing=False)
+    if stable:
+        token = stable_token(tokenizer)
+        head = torch.nn.Linear(model.config.hidden_size, len(tokenizer), bias=True)
+        torch.nn.init.zeros_(head.weight)
+        with torch.no_grad():
+            head.bias.fill_(-10.0)
+            head.bias[token] = 10.0
+        model.lm_head = head
+    return model, tokenizer
+
+
+def stable_token(tokenizer) -> int:
+    encode = lambda text: tokenizer(text, add_special_tokens=False).input_ids  # noqa: E731
+    for c in "xyzqjkvwXYZQ;:@$":
+        ids = encode(c)
+        if len(ids) == 1 and encode("assistant\n" + c * 8) == encode("assistant\n") + ids * 8:
+            return ids[0]
+    raise AssertionError("no token of this tokenizer re-tokenizes to itself")
+
+
+@pytest.fixture()
+def serve():
+    """serve(model, tokenizer, sessions=..., limits=..., step_s=...) -> (url, the engine's handles)."""
+    servers = []
+
+    def start(model, tokenizer, sessions=None, limits=None, step_s=0.0):
+        chat = local_model(model, tokenizer, name="tiny")
+        handles, submit = [], chat.engine.submit
+        chat.engine.submit = lambda request: handles.append(submit(request)) or handles[-1]
+        if step_s:
+            forward = chat.engine.scheduler._forward
+            chat.engine.scheduler._forward = lambda *a, **k: time.sleep(step_s) or forward(*a, **k)
+        app = create_app(chat, sessions=sessions or SessionLimits(), limits=limits or ServeLimits())
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+        threading.Thread(target=server.run, daemon=True).start()
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(200):
+            try:
+                httpx.get(f"{url}/health", timeout=1)
+                break
+            except httpx.HTTPError:
+                time.sleep(0.05)
+        servers.append(server)
+        return url, handles
+
+    yield start
+    for server in servers:
+        server.should_exit = True
+
+
+def open_session(url: str) -> tuple[dict, openai.OpenAI]:
+    session = httpx.post(f"{url}/v1/sessions").json()
+    return session, openai.OpenAI(base_url=session["base_url"], api_key=session["api_key"], max_retries=0)
+
+
+def post(url: str, session: dict, what: str, key: str | None = None, **body) -> httpx.Response:
+    auth = {"Authorization": f"Bearer {key or session['api_key']}"}
+    return httpx.post(f"{url}/v1/sessions/{session['id']}/{what}", json=body, headers=auth)
+
+
+def agent(client, messages, turns: int, streamed=(), max_tokens=8) -> list[dict]:
+    """A scripted agent: each answer, then a tool result (first) or a user turn; some turns streamed."""
+    for turn in range(turns):
+        ask = dict(model="tiny", messages=messages, max_tokens=max_tokens, stream=turn in streamed)
+        reply = client.chat.completions.create(**ask)
+        if turn in streamed:
+            text = "".join(c.choices[0].delta.content or "" for c in reply if c.choices)
+        else:
+            text = reply.choices[0].message.content
+        role = "tool" if turn == 0 else "user"
+        messages = [
+            *messages,
+            {"role": "assistant", "content": text},
+            {"role": role, "content": f"ok {turn}"},
+        ]
+    return messages
+
+
+def check_computed(record: dict, handles) -> None:
+    """The record is what the engine computed and sampled: the last call's prompt and sampled ids, the
+    mask on every call's sampled span with its log-probs and version, nothing else."""
+    done = [h.result() for h in handles]
+    assert record["ids"] == done[-1].prompt + done[-1].ids
+    sampled = {}
+    for c in done:
+        assert record["ids"][: len(c.prompt) + len(c.ids)] == c.prompt + c.ids  # each call's context
+        sampled |= {len(c.prompt) + i: (lp, c.version) for i, lp in enumerate(c.logprobs)}
+    assert [i for i, m in enumerate(record["mask"]) if m] == sorted(sampled)
+    for i, (lp, version) in sampled.items():
+        assert record["logprobs"][i] == pytest.approx(lp) and record["versions"][i] == version
+    assert all(v == -1 for v, m in zip(record["versions"], record["mask"]) if not m)
+
+
+def test_a_multi_turn_session_with_a_tool_result_is_recorded_as_computed(serve, tiny_model_dir):
+    model, tokenizer = chatml(tiny_model_dir)
+    url, handles = serve(model, tokenizer)
+    session, client = open_session(url)
+    start = [{"role": "system", "content": "You fix code."}, {"role": "user", "content": "def add(a, b):"}]
+    messages = agent(client, start, turns=3, streamed={1})
+    assert post(url, session, "reward", reward=0.5, turn=1).json()["turn"] == 1
+    assert post(url, session, "reward", reward=1.0).json() == {"id": session["id"], "turn": 2, "reward": 1.0}
+    (record,) = post(url, session, "close").json()["records"]
+    assert (record["turns"], record["forks"], record["reward"]) == (3, 0, 1.0)
+    check_computed(record, handles)
+    # Only the new messages were tokenized: the re-render of each call's messages is a different check,
+    # and the fraction is what it says (sampled byte tokens of a random model re-tokenize differently).
+    prompts = [messages[: 2 + 2 * k] for k in range(3)]
+    rendered = [tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=False) for m in prompts]
+    fresh = [tokenizer(t, add_special_tokens=False).input_ids for t in rendered]
+    agree = sum(f == h.result().prompt for f, h in zip(fresh, handles))
+    assert record["token_exact_fraction"] == pytest.approx(agree / 3)
+    assert post(url, session, "reward", reward=1.0).status_code == 404  # closed
+
+
+def test_a_stable_reply_is_token_exact_and_an_edited_history_is_a_fork(serve, tiny_model_dir):
+    model, tokenizer = chatml(tiny_model_dir, stable=True)
+    url, handles = serve(model, tokenizer)
+    session, client = open_session(url)
+    start = [{"role": "user", "content": "def add(a, b):"}]
+    messages = agent(client, start, turns=3, streamed={0, 2})
+    agent(client, messages[:5], turns=1)  # a retry of the last call: recorded once
+    edited = [*messages[:1], {"role": "assistant", "content": "return a + b"}, *messages[2:]]
+    agent(client, edited, turns=1)
+    records = post(url, session, "close").json()["records"]
+    assert sorted(r["turns"] for r in records) == [1, 3] and {r["forks"] for r in records} == {1}
+    assert all(r["token_exact_fraction"] == 1.0 for r in records)
+    long = next(r for r in records if r["turns"] == 3)
+    assert len(handles) == 5 and long["ids"] == handles[3].result().prompt + handles[3].result().ids
+
+
+def test_text_completions_chain_on_a_plain_model(serve, tiny_model_dir):
+    url, handles = serve(load_model(tiny_model_dir), load_tokenizer(tiny_model_dir))
+    session, client = open_session(url)
+    prompt = "def add(a, b):\n"
+    for _ in range(3):
+        prompt += client.completions.create(model="tiny", prompt=prompt, max_tokens=6).choices[0].text + "\n#"
+    (record,) = post(url, session, "close").json()["records"]
+    assert (record["turns"], record["forks"], record["token_exact_fraction"]) == (3, 0, None)
+    check_computed(record, handles)
+
+
+def test_hostile_agents_get_http_errors_and_cost_only_their_own_session(serve, tiny_model_dir):
+    limits = ServeLimits(client_pending=2, max_request_bytes=1 << 16)
+    sessions = SessionLimits(max_sessions=3, max_tokens=100, idle_s=1.5)
+    url, handles = serve(load_model(tiny_model_dir), load_tokenizer(tiny_model_dir), sessions, limits, 0.02)
+    good, good_client = open_session(url)
+    bad, bad_client = open_session(url)
+    ask = dict(model="tiny", messages=[{"role": "user", "content": "def f(x):"}], max_tokens=8)
+    forged = f"tps-{good['id']}-{'x' * 32}"
+    for key in ("nonsense", forged, bad["api_key"]):  # another session's key never writes to this one
+        assert post(url, good, "reward", key=key, reward=1.0).status_code == 401
+    assert (
+        httpx.post(
+            f"{url}/v1/chat/completions", json=ask, headers={"Authorization": f"Bearer {forged}"}
+        ).status_code
+        == 401
+    )
+    assert httpx.post(f"{url}/v1/sessions/nope/close").status_code == 404
+    with ThreadPoolExecutor(12) as pool:  # a flood from one session, and one honest call beside it
+        flood = [
+            pool.submit(bad_client.with_options(max_retries=0).chat.completions.create, **ask)
+            for _ in range(10)
+        ]
+        honest = good_client.chat.completions.create(**ask)
+    errors = [f.exception() for f in flood]
+    assert (
+        any(isinstance(e, openai.RateLimitError) for e in errors)
+        and honest.choices[0].message.content is not None
+    )
+    huge = dict(ask, messages=[{"role": "user", "content": "x" * (1 << 17)}])
+    with pytest.raises(openai.APIStatusError) as refused:
+        bad_client.chat.completions.create(**huge)
+    assert refused.value.status_code == 413
+    long = dict(ask, messages=[{"role": "user", "content": "def f(x): " * 60}], max_tokens=1)
+    with pytest.raises(openai.APIStatusError) as over:  # past the session's token budget
+        bad_client.chat.completions.create(**long)
+    assert over.value.status_code == 413
+    extra = open_session(url)[0]
+    assert httpx.post(f"{url}/v1/sessions").status_code == 429  # max_sessions
+    for _ in range(2):  # `bad` and `extra` go idle; `good` calls (the same prompt: a retry, recorded once)
+        time.sleep(0.9)
+        good_client.chat.completions.create(**ask)
+    assert post(url, bad, "close").status_code == 404 and post(url, extra, "close").status_code == 404
+    with pytest.raises(openai.AuthenticationError):
+        bad_client.chat.completions.create(**ask)
+    (record,) = post(url, good, "close").json()["records"]
+    assert (record["turns"], record["forks"]) == (1, 0)
+    assert record["ids"] == handles[-1].result().prompt + handles[-1].result().ids
