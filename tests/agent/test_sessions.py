@@ -16,6 +16,7 @@ import torch
 import uvicorn
 
 from tempering.agent.backends import local_model
+from tempering.agent.openai_api import Refused
 from tempering.agent.server import ServeLimits, create_app
 from tempering.agent.sessions import SessionLimits
 from tempering.models.loading import load_model, load_tokenizer
@@ -58,14 +59,16 @@ def serve():
     """serve(model, tokenizer, sessions=..., limits=..., step_s=...) -> (url, the engine's handles)."""
     servers = []
 
-    def start(model, tokenizer, sessions=None, limits=None, step_s=0.0):
+    def start(model, tokenizer, sessions=None, limits=None, step_s=0.0, token=None):
         chat = local_model(model, tokenizer, name="tiny")
         handles, submit = [], chat.engine.submit
         chat.engine.submit = lambda request: handles.append(submit(request)) or handles[-1]
         if step_s:
             forward = chat.engine.scheduler._forward
             chat.engine.scheduler._forward = lambda *a, **k: time.sleep(step_s) or forward(*a, **k)
-        app = create_app(chat, sessions=sessions or SessionLimits(), limits=limits or ServeLimits())
+        app = create_app(
+            chat, sessions=sessions or SessionLimits(), limits=limits or ServeLimits(), token=token
+        )
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
@@ -224,3 +227,27 @@ def test_hostile_agents_get_http_errors_and_cost_only_their_own_session(serve, t
     (record,) = post(url, good, "close").json()["records"]
     assert (record["turns"], record["forks"]) == (1, 0)
     assert record["ids"] == handles[-1].result().prompt + handles[-1].result().ids
+
+
+def test_behind_the_server_token_a_session_key_reaches_only_the_completions_and_its_session(
+    serve, tiny_model_dir
+):
+    token = "t" * 32
+    url, _ = serve(load_model(tiny_model_dir), load_tokenizer(tiny_model_dir), token=token)
+    assert httpx.post(f"{url}/v1/sessions").status_code == 401
+    session = httpx.post(f"{url}/v1/sessions", headers={"Authorization": f"Bearer {token}"}).json()
+    client = openai.OpenAI(base_url=session["base_url"], api_key=session["api_key"], max_retries=0)
+    client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=2)
+    key = {"Authorization": f"Bearer {session['api_key']}"}
+    assert httpx.post(f"{url}/v1/sessions", headers=key).status_code == 401
+    assert httpx.get(f"{url}/metrics", headers=key).status_code == 401
+    assert post(url, session, "close").json()["records"][0]["turns"] == 1
+
+
+def test_without_sessions_the_routes_say_so(tiny_model_dir):
+    from tempering.agent.server import OpenAIServer
+
+    chat = local_model(load_model(tiny_model_dir), load_tokenizer(tiny_model_dir), name="tiny")
+    with pytest.raises(Refused, match="--sessions") as refused:
+        OpenAIServer(chat).store()
+    assert refused.value.status == 404

@@ -280,9 +280,9 @@ class SessionStore:
                 done.version,
                 call.messages,
             )
-            if call.replaces is not None:
+            if call.replaces is not None and not session.turns[call.replaces].children:
                 session.turns[call.replaces] = turn
-                return
+                return  # (one that a call extended meanwhile stays: the retry becomes its sibling)
             parent = session.turns[call.parent] if call.parent is not None else None
             session.forks += (parent.children > 0) if parent else bool(session.turns)
             if parent:
