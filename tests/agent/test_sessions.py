@@ -138,18 +138,20 @@ def test_a_multi_turn_session_with_a_tool_result_is_recorded_as_computed(serve, 
     session, client = open_session(url)
     start = [{"role": "system", "content": "You fix code."}, {"role": "user", "content": "def add(a, b):"}]
     messages = agent(client, start, turns=3, streamed={1})
+    messages.append({"role": "user", "content": "and?"})  # two new messages after the last answer
+    client.chat.completions.create(model="tiny", messages=messages, max_tokens=8)
     assert post(url, session, "reward", reward=0.5, turn=1).json()["turn"] == 1
-    assert post(url, session, "reward", reward=1.0).json() == {"id": session["id"], "turn": 2, "reward": 1.0}
+    assert post(url, session, "reward", reward=1.0).json() == {"id": session["id"], "turn": 3, "reward": 1.0}
     (record,) = post(url, session, "close").json()["records"]
-    assert (record["turns"], record["forks"], record["reward"]) == (3, 0, 1.0)
+    assert (record["turns"], record["forks"], record["reward"]) == (4, 0, 1.0)
     check_computed(record, handles)
     # Only the new messages were tokenized: the re-render of each call's messages is a different check,
     # and the fraction is what it says (sampled byte tokens of a random model re-tokenize differently).
-    prompts = [messages[: 2 + 2 * k] for k in range(3)]
+    prompts = [messages[: 2 + 2 * k] for k in range(3)] + [messages]
     rendered = [tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=False) for m in prompts]
     fresh = [tokenizer(t, add_special_tokens=False).input_ids for t in rendered]
     agree = sum(f == h.result().prompt for f, h in zip(fresh, handles))
-    assert record["token_exact_fraction"] == pytest.approx(agree / 3)
+    assert record["token_exact_fraction"] == pytest.approx(agree / 4)
     assert post(url, session, "reward", reward=1.0).status_code == 404  # closed
 
 
