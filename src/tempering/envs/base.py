@@ -14,7 +14,9 @@ Weights come from `reward.weights`, else the environment's `default_weights`.
 
 A task names its environment in `env`: a built-in kind (`ENVIRONMENTS`), or a subclass of `Environment` in
 the user's own package as `package.module:Class`, listed in the config's `env.plugins` so that it is
-imported and checked when the config loads (docs/guides/environments.md).
+imported and checked when the config loads (docs/guides/environments.md). An environment of another
+ecosystem is named through its adapter, `openenv:package.module:Class`
+(`ADAPTERS`, docs/guides/ecosystem-envs.md).
 """
 
 from __future__ import annotations
@@ -168,10 +170,17 @@ def environment_class(name: str) -> type[Environment]:
     return _plugin_class(name)
 
 
+ADAPTERS = {"openenv": "tempering.envs.openenv:openenv_environment"}
+"""Ecosystem -> the function that makes a tempering environment of one of its environments, by name."""
+
+
 @functools.cache
 def _plugin_class(spec: str) -> type[Environment]:
-    """Import `package.module:Class` and check that `make_env` can build episodes of it (once per name)."""
-    cls = load_callable(spec, "environment")
+    """Import `package.module:Class` (or an ecosystem's environment through its adapter) and check that
+    `make_env` can build episodes of it (once per name)."""
+    ecosystem, _, name = spec.partition(":")
+    adapter = ADAPTERS.get(ecosystem)
+    cls = load_callable(adapter)(name) if adapter else load_callable(spec, "environment")
     if not (isinstance(cls, type) and issubclass(cls, Environment)):
         raise ConfigError(f"environment '{spec}' is not a subclass of tempering.envs.Environment")
     if inspect.isabstract(cls):
