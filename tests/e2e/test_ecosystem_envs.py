@@ -1,6 +1,6 @@
 """Environments of other ecosystems trained end to end: an OpenEnv environment (`tests/fixtures/openenv_echo`)
-through the smoke recipe, resumed exactly, its rewards those the ecosystem's own code computed. Skipped
-where the package is not installed."""
+and a verifiers taskset (`tests/fixtures/verifiers_env`), each through the smoke recipe, resumed exactly,
+its rewards those the ecosystem's own code computed. Skipped where the package is not installed."""
 
 import json
 import os
@@ -12,13 +12,14 @@ from tests.helpers.runs import ROOT, kill_after_checkpoint, metrics, stable, tem
 
 FIXTURES = ROOT / "tests" / "fixtures"
 OPENENV = "openenv:openenv_echo.server.echo_environment:EchoEnvironment"
+VERIFIERS = "verifiers:vf-reverse"
 FAST = ["sft.steps=4", "eval.every=0", "tracking.tensorboard=false", "checkpoint.every=1", "train.steps=4"]
 
 
 @pytest.fixture()
 def fixtures_path(monkeypatch):
     """The fixture packages importable here and in the runs, as `pip install` would make them."""
-    paths = [str(FIXTURES)]
+    paths = [str(FIXTURES), str(FIXTURES / "verifiers_env")]
     for path in paths:
         monkeypatch.syspath_prepend(path)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([*paths, *filter(None, [os.environ.get("PYTHONPATH")])]))
@@ -87,3 +88,29 @@ def test_an_openenv_environment_trains_on_its_own_rewards_and_resumes(fixtures_p
         assert set(turn["rewards"]) == {"openenv"}
         assert turn["rewards"]["openenv"] == pytest.approx(letters_in_place(turn["action"].strip(), word))
     assert len({s["turns"][0]["rewards"]["openenv"] for s in samples}) > 1
+
+
+@pytest.mark.slow
+def test_a_verifiers_taskset_trains_on_its_own_rewards_and_resumes(fixtures_path, tmp_path):
+    pytest.importorskip("verifiers.v1")
+    data = tmp_path / "data"
+    from tempering.envs.verifiers import main
+
+    assert main(["vf-reverse", str(data), "--heldout", "8", "--options", '{"num_tasks": 48}']) == 0
+    overrides = [
+        f"data.train_file={data / 'train.jsonl'}",
+        f"data.heldout_file={data / 'heldout.jsonl'}",
+        f"env.plugins=[{VERIFIERS}]",
+        "reward.weights={verifiers: 1.0}",
+        "rollout.max_new_tokens=8",
+    ]
+    rows, run_dir = train_and_resume(tmp_path / "runs", overrides)
+    assert all("reward/verifiers/mean" in r for r in rows)
+    tasks = {json.loads(line)["id"]: json.loads(line) for line in (data / "train.jsonl").open()}
+    samples = first_samples(run_dir)
+    for s in samples:  # the taskset's rewards, weighted as it weights them (letters 1.0, one_line 0.2)
+        answer, turn = tasks[s["task_id"]]["reference_solution"], s["turns"][0]
+        lines = turn["action"].splitlines()
+        letters = letters_in_place(lines[0].strip() if lines else "", answer)
+        assert turn["rewards"] == pytest.approx({"verifiers": letters + 0.2 * float(len(lines) <= 1)})
+    assert len({s["reward"] for s in samples}) > 1

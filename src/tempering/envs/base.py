@@ -15,7 +15,7 @@ Weights come from `reward.weights`, else the environment's `default_weights`.
 A task names its environment in `env`: a built-in kind (`ENVIRONMENTS`), or a subclass of `Environment` in
 the user's own package as `package.module:Class`, listed in the config's `env.plugins` so that it is
 imported and checked when the config loads (docs/guides/environments.md). An environment of another
-ecosystem is named through its adapter, `openenv:package.module:Class`
+ecosystem is named through its adapter, `openenv:package.module:Class` or `verifiers:taskset-id`
 (`ADAPTERS`, docs/guides/ecosystem-envs.md).
 """
 
@@ -170,7 +170,10 @@ def environment_class(name: str) -> type[Environment]:
     return _plugin_class(name)
 
 
-ADAPTERS = {"openenv": "tempering.envs.openenv:openenv_environment"}
+ADAPTERS = {
+    "openenv": "tempering.envs.openenv:openenv_environment",
+    "verifiers": "tempering.envs.verifiers:verifiers_environment",
+}
 """Ecosystem -> the function that makes a tempering environment of one of its environments, by name."""
 
 
