@@ -11,7 +11,7 @@ DEV_STAMP := $(VENV)/.installed-dev
 MODELS_STAMP := $(VENV)/.installed-models
 DOCS_STAMP := $(VENV)/.installed-docs
 
-.PHONY: setup models demo smollm2 test test-fast lint format typecheck smoke clean vllm test-vllm docs docs-ref
+.PHONY: setup models demo smollm2 test test-fast lint format typecheck smoke clean vllm test-vllm docs docs-ref test-openenv test-verifiers
 
 setup: $(STAMP)
 
@@ -87,6 +87,18 @@ docs: $(DOCS_STAMP)
 docs-ref: setup
 	$(BIN)/python tools/gen_docs.py
 	$(BIN)/python tools/docs_results.py
+
+# The OpenEnv and verifiers adapters' tests, each in a venv of its own that sees .venv's packages (the two
+# extras cannot share one: verifiers 0.4 pins mcp 2.0, openenv 0.10 needs mcp < 2). Not part of `make test`.
+.venv-openenv/.installed .venv-verifiers/.installed: .venv-%/.installed: $(DEV_STAMP) pyproject.toml
+	$(BIN)/python -m venv .venv-$*
+	$(BIN)/python -c 'import site; print(site.getsitepackages()[0])' \
+		> "$$(.venv-$*/bin/python -c 'import site; print(site.getsitepackages()[0])')/zz_tempering_venv.pth"
+	.venv-$*/bin/pip install -q --disable-pip-version-check -e '.[$*]'
+	@touch $@
+
+test-openenv test-verifiers: test-%: .venv-%/.installed
+	.venv-$*/bin/python -m pytest -q -p no:cacheprovider tests/envs/test_$*.py tests/e2e/test_ecosystem_envs.py -k $*
 
 # vLLM's CPU build in a venv of its own (it pins torch 2.13.0+cpu and transformers <5.20; ~110 s, 3.5 GB):
 # rollout.engine=vllm and the `vllm` tests. Not part of `make test`.
