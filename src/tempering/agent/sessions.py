@@ -226,7 +226,8 @@ class SessionStore:
         if turns and turns[last].key == call.key and not turns[last].children:  # a retry
             call.parent, call.replaces, ids = turns[last].parent, last, list(turns[last].prompt)
         elif (found := _longest_prefix(turns, call.key)) is not None:
-            call.parent, ids = found, self._extended(turns[found], call)
+            ids = self._extended(turns[found], call)
+            call.parent = None if ids is None else found  # re-rendered history: a new branch, never merged
         else:
             ids = None
         ids = call.tokens() if ids is None else ids
