@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tempering.models.loading import load_model, load_tokenizer
-from tests.agent.test_sessions import agent, check_computed, open_session, post, serve  # noqa: F401
+from tests.helpers.sessions import agent, check_computed, open_session, post, serving
 
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -38,6 +38,11 @@ SPECIALS = {
     "llama3": ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"],
 }
 TEMPLATES = {"chatml": CHATML, "qwen3": QWEN3, "llama3": LLAMA3}
+
+
+@pytest.fixture()
+def serve():
+    yield from serving()
 
 
 def templated(model_dir, family: str, reply: str):
@@ -88,11 +93,7 @@ def check_branches(records: list[dict], handles) -> None:
 
 
 @pytest.mark.parametrize("family", ["chatml", "llama3"])
-def test_a_session_with_a_tool_result_is_token_exact_on_chatml_and_llama3(
-    serve,  # noqa: F811 (the fixture)
-    tiny_model_dir,
-    family,
-):
+def test_a_session_with_a_tool_result_is_token_exact_on_chatml_and_llama3(serve, tiny_model_dir, family):
     model, tokenizer = templated(tiny_model_dir, family, "x")
     url, handles = serve(model, tokenizer)
     session, client = open_session(url)
@@ -104,10 +105,7 @@ def test_a_session_with_a_tool_result_is_token_exact_on_chatml_and_llama3(
     assert all(tokenizer.decode(h.result().ids) == "x" * 6 for h in handles)
 
 
-def test_a_qwen3_template_that_strips_earlier_reasoning_forks_and_never_merges(
-    serve,  # noqa: F811 (the fixture)
-    tiny_model_dir,
-):
+def test_a_qwen3_template_that_strips_earlier_reasoning_forks_and_never_merges(serve, tiny_model_dir):
     model, tokenizer = templated(tiny_model_dir, "qwen3", "<think>y</think>x")
     url, handles = serve(model, tokenizer)
     session, client = open_session(url)
