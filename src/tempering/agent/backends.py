@@ -53,9 +53,9 @@ def local_model(
     on_step: Callable[[int], None] | None = None,
 ) -> LocalModel:
     """A model already in memory, served (tests; `load_local` opens one from its directory)."""
-    from tempering.inference.engine import LocalEngine
+    from tempering.inference.engine import make_engine
 
-    engine = LocalEngine(
+    engine = make_engine(
         model, tokenizer, sampling or SamplingParams(), dtype=dtype, max_rows=max_rows, on_step=on_step
     )
     return served(engine, name=name, chat=chat, max_context=max_context)

@@ -288,9 +288,11 @@ def open_model(
     device = resolve_device(device, keys[0])
     precision = compute_dtype(compute, device, keys[1])
     model = load_model(model_dir, dtype=dtype, device=device)
-    return LocalEngine(
+    engine = make_engine(
         model, load_tokenizer(model_dir), sampling, dtype=precision, max_rows=max_rows, on_step=on_step
     )
+    assert isinstance(engine, LocalEngine)  # (kind "local")
+    return engine
 
 
 def make_engine(
