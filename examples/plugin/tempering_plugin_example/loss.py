@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from tempering.algos import LossInputs, aggregate, masked_mean
+from tempering.algos.losses import clip_range
 
 
 def hard_clip_loss(
@@ -23,8 +24,7 @@ def hard_clip_loss(
     """-A_t * clip(r_t, 1 - eps_low, 1 + eps_high): PPO's clipped term without its min, so a token whose ratio
     left the trust region gets no gradient on either side (PPO still pushes back one that moved the wrong
     way). It declares no `clip_ratio_c` (PPO's dual clip has no meaning here), so the run does not pass it."""
-    low = clip_ratio if clip_ratio_low is None else clip_ratio_low
-    high = clip_ratio if clip_ratio_high is None else clip_ratio_high
+    low, high = clip_range(clip_ratio, clip_ratio_low, clip_ratio_high)
     ratio = torch.exp(x.logprobs - x.old_logprobs)  # (B, T)
     clipped = ratio.clamp(1.0 - low, 1.0 + high)
     losses = x.weighted(-x.advantages * clipped)  # (B, T)
