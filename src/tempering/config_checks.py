@@ -109,6 +109,8 @@ def _check_rewards(cfg: RunConfig, environments: list[type[Environment]]) -> Non
     if unknown:
         raise ValueError(f"reward.params: {', '.join(unknown)} not in reward.weights ({', '.join(weights)})")
     env_components = {name for env in environments for name in env.components}
+    if cfg.agent.reward != "env":
+        env_components.add("agent")  # the reward an agent posts to its session (rollout.episodes)
     for name in weights:
         if name in env_components and name not in REWARD_COMPONENTS:
             if r.params.get(name):
@@ -187,6 +189,27 @@ def _check_cross_fields(cfg: RunConfig) -> None:
         raise ValueError(f"sandbox.url: '{url}' is not an http:// or https:// URL")
     _check_data(cfg)
     _check_distributed(cfg)
+    _check_agent(cfg)
+
+
+def _check_agent(cfg: RunConfig) -> None:
+    """The agent is importable and takes (task, base_url, api_key), or its command exists; it runs on the
+    local engine (the recording proxy serves it); an agent reward is weighted."""
+    import shutil
+
+    g = cfg.agent
+    if g.entry and g.command:
+        raise ValueError("agent.entry and agent.command both name the agent; set one")
+    if g.entry:
+        _user_function("agent.entry", g.entry, "agent", {}, "http://127.0.0.1/v1", "key")
+    if g.command is not None and (not g.command or shutil.which(g.command[0]) is None):
+        raise ValueError(f"agent.command: '{(g.command or [''])[0]}' is not an executable on PATH")
+    if not (g.entry or g.command):
+        return
+    if cfg.rollout.engine != "local":
+        raise ValueError("agent.entry: agents need rollout.engine: local (the recording proxy serves it)")
+    if g.reward != "env" and cfg.reward.weights is not None and "agent" not in cfg.reward.weights:
+        raise ValueError(f"reward.weights: agent.reward '{g.reward}' needs a weight for 'agent'")
 
 
 def _check_data(cfg: RunConfig) -> None:

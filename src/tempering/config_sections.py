@@ -203,6 +203,30 @@ class EnvSection(Section):
     """How turns become tokens: the tokenizer's chat template, or plain text (the tiny model); auto picks."""
 
 
+class AgentSection(Section):
+    entry: str | None = None
+    """Your agent, as `package.module:function`, called `function(task, base_url, api_key)` once per sample
+    with an OpenAI-compatible URL that records what it computes (docs/guides/train-your-agent.md); it returns
+    its final answer. When set (or `command`), every episode - training, validation, evaluation - is a run
+    of the agent."""
+    command: list[str] | None = None
+    """Your agent as a command line instead: the task as JSON on stdin, OPENAI_BASE_URL and OPENAI_API_KEY
+    set, its final answer on stdout."""
+    reward: Literal["env", "agent", "both"] = "env"
+    """What scores a run: the task's environment judging the final answer (`env`), the reward the agent
+    posted to its session's /reward (`agent`: component `agent`, solved when above 0), or both summed."""
+    timeout_s: float = Field(120.0, gt=0.0)
+    """Wall-clock limit of one run; past it the run is killed and trained on as far as it got."""
+    concurrency: int = Field(64, ge=1)
+    """Runs at once (their calls are batched together by the engine)."""
+    patience_s: float = Field(10.0, gt=0.0)
+    """Longest a call waits for the other running agents' calls to batch with (past it, the batch depends on
+    timing, and a resumed run may sample differently)."""
+    isolation: Literal["auto", "bwrap", "process"] = "auto"
+    """Each run confined by bubblewrap (no network but the proxy, no trainer files), or a plain process;
+    auto: bubblewrap where it works."""
+
+
 class CriticSection(Section):
     lr: float = Field(1e-4, gt=0.0)
     """Critic learning rate (estimators that need a critic: gae)."""

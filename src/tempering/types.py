@@ -252,6 +252,9 @@ class Episode:
     """Why the `stop` rule ended the episode early (None: it did not)."""
     version: int = 0
     """The policy version that sampled the episode's actions."""
+    proxy: dict[str, float] = field(default_factory=dict)
+    """A run of the user's agent (`agent.episodes`): its session's `forks`, `token_exact_fraction`, `rerender_exact_fraction`, and
+    whether it `failed` or hit its `timeout`; empty for the built-in driver's episodes."""
 
     @property
     def success(self) -> bool:

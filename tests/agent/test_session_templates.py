@@ -101,6 +101,7 @@ def test_a_session_with_a_tool_result_is_token_exact_on_chatml_and_llama3(serve,
     agent(client, start, turns=3, streamed={1}, max_tokens=6)  # answer, tool result, answer, user, ...
     (record,) = post(url, session, "close").json()["records"]
     assert (record["turns"], record["forks"], record["token_exact_fraction"]) == (3, 0, 1.0)
+    assert record["rerender_exact_fraction"] == 1.0
     check_computed(record, handles)
     assert all(tokenizer.decode(h.result().ids) == "x" * 6 for h in handles)
 
@@ -113,7 +114,7 @@ def test_a_qwen3_template_that_strips_earlier_reasoning_forks_and_never_merges(s
     agent(client, [{"role": "user", "content": "def f(x):"}], turns=3, max_tokens=7)
     records = post(url, session, "close").json()["records"]
     assert sorted(r["turns"] for r in records) == [1, 2] and {r["forks"] for r in records} == {1}
-    assert all(r["token_exact_fraction"] == 1.0 for r in records)
+    assert all(r["token_exact_fraction"] == r["rerender_exact_fraction"] == 1.0 for r in records)
     check_branches(records, handles)
     fork = next(r for r in records if r["turns"] == 1)  # the re-render: earlier reasoning gone, its own kept
     assert fork["ids"].count(tokenizer.convert_tokens_to_ids("<think>")) == 1

@@ -43,7 +43,8 @@ def test_a_multi_turn_session_with_a_tool_result_is_recorded_as_computed(serve, 
     rendered = [tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=False) for m in prompts]
     fresh = [tokenizer(t, add_special_tokens=False).input_ids for t in rendered]
     agree = sum(f == h.result().prompt for f, h in zip(fresh, handles))
-    assert record["token_exact_fraction"] == pytest.approx(agree / 4)
+    assert record["rerender_exact_fraction"] == pytest.approx(agree / 4)
+    assert record["token_exact_fraction"] == 1.0
     assert post(url, session, "reward", reward=1.0).status_code == 404  # closed
 
 
@@ -58,7 +59,7 @@ def test_a_stable_reply_is_token_exact_and_an_edited_history_is_a_fork(serve, ti
     agent(client, edited, turns=1)
     records = post(url, session, "close").json()["records"]
     assert sorted(r["turns"] for r in records) == [1, 3] and {r["forks"] for r in records} == {1}
-    assert all(r["token_exact_fraction"] == 1.0 for r in records)
+    assert all(r["token_exact_fraction"] == r["rerender_exact_fraction"] == 1.0 for r in records)
     long = next(r for r in records if r["turns"] == 3)
     assert len(handles) == 5 and long["ids"] == handles[3].result().prompt + handles[3].result().ids
 
@@ -70,7 +71,8 @@ def test_text_completions_chain_on_a_plain_model(serve, tiny_model_dir):
     for _ in range(3):
         prompt += client.completions.create(model="tiny", prompt=prompt, max_tokens=6).choices[0].text + "\n#"
     (record,) = post(url, session, "close").json()["records"]
-    assert (record["turns"], record["forks"], record["token_exact_fraction"]) == (3, 0, None)
+    assert (record["turns"], record["forks"], record["rerender_exact_fraction"]) == (3, 0, None)
+    assert record["token_exact_fraction"] == 1.0
     check_computed(record, handles)
 
 

@@ -292,12 +292,15 @@ class OpenAIServer:
         prompt, room = await self.tokenized(client, body.n, tokenize)
         wanted = body.max_completion_tokens or body.max_tokens or DEFAULT_MAX_TOKENS
         seed = body.seed if body.seed is not None else time.time_ns() % (1 << 31)
+        temperature, top_p, wanted = body.temperature, body.top_p, min(wanted, room)
+        if call:
+            temperature, top_p, wanted, seed = call.sampled(temperature, top_p, wanted, seed)
         jobs = [
             Job(
                 prompt,
-                max_tokens=min(wanted, room),
-                temperature=body.temperature,
-                top_p=body.top_p,
+                max_tokens=wanted,
+                temperature=temperature,
+                top_p=top_p,
                 seed=(seed + i) % (1 << 64),
                 stop=stop,
                 logprobs=top,

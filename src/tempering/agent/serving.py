@@ -116,6 +116,7 @@ class Job:
             self.seed,
             top_logprobs=0 if self.logprobs is None else max(1, self.logprobs),
             on_token=self._on_token,
+            client=self.client,
         )
         self.handle = engine.submit(request)
         if self._cancel.is_set():

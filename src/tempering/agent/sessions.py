@@ -11,10 +11,11 @@ edited history, a second attempt from an earlier turn) starts a new branch and c
 
 A branch (a path from a first turn to a leaf) becomes one `SessionRecord` when the session is closed:
 its ids, a mask that is True on sampled tokens (tool results and user turns are observations), the
-log-probs and versions, the reward attached to its last rewarded turn, the session's forks, and
-`token_exact_fraction`: of its turns, those whose recorded prompt equals a fresh full render of their
-messages - below 1 is what a re-rendering trainer would have trained on wrongly (the record keeps the
-computed ids either way).
+log-probs and versions, the reward attached to its last rewarded turn, the session's forks,
+`token_exact_fraction` (of its turns, those it holds token for token as the engine computed and sampled
+them) and `rerender_exact_fraction`: of its chat turns, those whose recorded prompt equals a fresh full
+render of their messages - below 1 is what a re-rendering trainer would have trained on wrongly (the
+record keeps the computed ids either way).
 
 Guarded: the key is random, bound to its session, checked in constant time; a session holds at most
 `max_tokens` recorded tokens (413 past it), one choice a call, and is dropped after `idle_s` without a
@@ -96,8 +97,29 @@ class SessionRecord:
     forks: int
     """Calls of the session that extended no recorded turn's leaf (new branches)."""
     turns: int
-    token_exact_fraction: float | None
-    """Of the branch's chat turns, those whose prompt equals a full re-render of their messages."""
+    texts: list[str]
+    """Each turn's reply as the agent received it (text), in order."""
+    ends: list[int]
+    """Each turn's last sampled token: its index in `ids`."""
+    token_exact_fraction: float
+    """Of the branch's turns, those the record holds token for token as the engine computed them (the
+    prompt it ran, then the ids it sampled): 1.0 unless the chaining is broken."""
+    rerender_exact_fraction: float | None
+    """Of the branch's chat turns, those whose prompt equals a full re-render of their messages (below 1: what
+    a trainer re-rendering the conversation would have trained on wrongly)."""
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """What a trainer's session samples with, whatever its agent asks: the recorded log-probs must be those of
+    the distribution the trainer computes (its temperature and top-p), and each call's seed comes from the
+    session's, so a rerun samples the same."""
+
+    temperature: float
+    top_p: float
+    max_tokens: int
+    """The most tokens one call may write (a call asking for more gets this many)."""
+    seed: int
 
 
 @dataclass
@@ -105,7 +127,11 @@ class Session:
     id: str
     secret: str
     touched: float
+    sampling: Sampling | None = None
+    """Set by a trainer that opens the session itself (`agent.episodes`); None: the call's own settings."""
     turns: list[Turn] = field(default_factory=list)
+    calls: int = 0
+    """Calls admitted so far (the next call's seed is the session's plus this)."""
     forks: int = 0
     tokens: int = 0
     rejected: int = 0
@@ -126,6 +152,8 @@ class Call:
     tokens: Callable[[], list[int]]
     """The prompt as a call outside a session would compute it (a full render)."""
     messages: list[dict[str, str]] | None = None
+    index: int = 0
+    """The call's place among its session's calls."""
     parent: int | None = None
     replaces: int | None = None
     prompt: list[int] = field(default_factory=list)
@@ -135,6 +163,13 @@ class Call:
     def client(self) -> str:
         """Whose room the call takes in the server's admission: the session's, not its address's."""
         return f"session {self.session.id}"
+
+    def sampled(self, temperature: float, top_p: float, max_tokens: int, seed: int) -> tuple:
+        """(temperature, top_p, max_tokens, seed) of the call: its own, or its trainer's session's."""
+        s = self.session.sampling
+        if s is None:
+            return temperature, top_p, max_tokens, seed
+        return s.temperature, s.top_p, min(max_tokens, s.max_tokens), (s.seed + self.index) % (1 << 62)
 
     def tokenize(self) -> list[int]:
         self.prompt = self.store.prompt(self)
@@ -159,12 +194,12 @@ class SessionStore:
 
     # Sessions and their keys.
 
-    def create(self) -> Session:
+    def create(self, sampling: Sampling | None = None) -> Session:
         with self.lock:
             self._expire()
             if len(self.open) >= self.limits.max_sessions:
                 raise Refused(429, f"at most {self.limits.max_sessions} sessions open at once", *RATE_LIMITED)
-            session = Session(secrets.token_hex(8), secrets.token_urlsafe(24), self.clock())
+            session = Session(secrets.token_hex(8), secrets.token_urlsafe(24), self.clock(), sampling)
             self.open[session.id] = session
             return session
 
@@ -216,7 +251,9 @@ class SessionStore:
     ) -> Call:
         if n != 1:
             raise Refused(400, "n: a session records one choice per call", param="n")
-        return Call(self, session, key, tokens, messages)
+        with self.lock:
+            session.calls += 1
+        return Call(self, session, key, tokens, messages, index=session.calls - 1)
 
     def prompt(self, call: Call) -> list[int]:
         """The call's prompt ids: chained onto the turn it extends, else a full render (a new branch)."""
@@ -322,6 +359,12 @@ class SessionStore:
             out, self.finished = self.finished, []
         return out
 
+    def _text(self, turn: Turn) -> str:
+        """The reply's text: the assistant message, the completion's text, or its ids decoded."""
+        if isinstance(turn.reply, str):
+            return turn.reply
+        return turn.reply[0][1] if turn.messages is not None else self.chat.tokenizer.decode(turn.ids)
+
     def _branch(self, session: Session, leaf: int) -> SessionRecord:
         path, at = [], leaf
         while at is not None:
@@ -331,14 +374,19 @@ class SessionStore:
         last = path[-1]
         ids = last.prompt + last.ids
         mask, logprobs, versions = [False] * len(ids), [0.0] * len(ids), [-1] * len(ids)
+        ends = [len(t.prompt) + len(t.ids) - 1 for t in path]
         for t in path:
             start = len(t.prompt)
             span = range(start, start + len(t.ids))
             for i, lp in zip(span, t.logprobs):
                 mask[i], logprobs[i], versions[i] = True, lp, t.version
         rewards = [t.reward for t in path if t.reward is not None]
+        texts = [self._text(t) for t in path]
         chats = [t for t in path if t.messages is not None]
-        exact = sum(self.chat.render(t.messages) == t.prompt for t in chats) / len(chats) if chats else None
+        rerender = (
+            sum(self.chat.render(t.messages) == t.prompt for t in chats) / len(chats) if chats else None
+        )
+        held = [ids[: len(t.prompt) + len(t.ids)] == t.prompt + t.ids for t in path]
         return SessionRecord(
             session.id,
             ids,
@@ -348,7 +396,10 @@ class SessionStore:
             rewards[-1] if rewards else None,
             session.forks,
             len(path),
-            exact,
+            texts,
+            ends,
+            sum(held) / len(held),
+            rerender,
         )
 
 

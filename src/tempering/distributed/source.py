@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from tempering.agent.episodes import sample_episodes
 from tempering.config import RunConfig
 from tempering.distributed.schedule import ShardSpec
 from tempering.envs import env_context
@@ -13,7 +14,6 @@ from tempering.inference.engine import SamplingParams, make_engine
 from tempering.models.loading import compute_dtype
 from tempering.rewards import RewardFunction
 from tempering.rollout.batch import Rollout, collate
-from tempering.rollout.episodes import run_episodes
 from tempering.sandbox import Sandbox
 from tempering.tracking import Timer
 
@@ -51,7 +51,7 @@ class RolloutSource:
         assert spec.version == self.engine.version, (
             f"shard of version {spec.version} on weights {self.engine.version}"
         )
-        episodes = run_episodes(
+        episodes = sample_episodes(
             self.engine,
             list(spec.tasks),
             self.ctx,

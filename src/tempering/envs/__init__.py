@@ -20,6 +20,7 @@ from tempering.envs.base import (
     environment_class,
     make_env,
     register,
+    step_all,
 )
 
 __all__ = [
@@ -32,4 +33,5 @@ __all__ = [
     "environment_class",
     "make_env",
     "register",
+    "step_all",
 ]

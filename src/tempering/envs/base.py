@@ -91,6 +91,11 @@ class EnvContext:
     """`env.options` from the config, e.g. {flaky_failure_rate: 0.5}."""
     reference_cpu: dict[str, float | None] = field(default_factory=dict)
     """CPU time of each task's reference solution, measured once per run (the efficiency reward)."""
+    agent: Any = None
+    """The run's `AgentSection` when the user's agent runs the episodes (`agent.episodes`); None: the policy
+    acts in the environment itself."""
+    hidden: tuple[str, ...] = ()
+    """Paths an agent may not see (the run directory)."""
 
 
 def env_context(cfg: RunConfig, sandbox: Any, needs: set[str] | frozenset[str] = frozenset()) -> EnvContext:
@@ -106,6 +111,8 @@ def env_context(cfg: RunConfig, sandbox: Any, needs: set[str] | frozenset[str] =
         guard_kinds=r.guard_kinds,
         partial=(r.params.get("tests") or {}).get("partial", "always"),
         options=e.options.model_dump(),
+        agent=cfg.agent if cfg.agent.entry or cfg.agent.command else None,
+        hidden=(cfg.run.dir,),
     )
 
 
@@ -201,6 +208,18 @@ def make_env(task: Task, ctx: EnvContext, seed: int = 0, group_id: int = 0) -> E
     env = cls(ctx, seed)
     env.group_id = group_id
     return env
+
+
+def step_all(envs: list[Environment], actions: list[str], pool: Executor) -> list[Step]:
+    """Each environment's step on its action, batched per environment kind (`step_batch`); in order."""
+    steps: list = [None] * len(envs)
+    kinds: dict[type, list[int]] = {}
+    for i, env in enumerate(envs):
+        kinds.setdefault(type(env), []).append(i)
+    for cls, rows in kinds.items():
+        for i, step in zip(rows, cls.step_batch([envs[i] for i in rows], [actions[i] for i in rows], pool)):
+            steps[i] = step
+    return steps
 
 
 def clip_middle(text: str, limit: int) -> str:

@@ -8,10 +8,10 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from tempering.agent.episodes import sample_episodes
 from tempering.envs import EnvContext
 from tempering.eval.passk import pass_at_k
 from tempering.inference.engine import Engine
-from tempering.rollout.episodes import run_episodes
 from tempering.types import Task
 
 
@@ -53,7 +53,7 @@ def evaluate(
     ks = tuple(k for k in ks if k <= samples) or (1,)
     # Sorting by prompt length keeps padding low in each generation chunk; the result does not depend on it.
     ordered = sorted(tasks, key=lambda t: len(t.prompt))
-    episodes = run_episodes(
+    episodes = sample_episodes(
         engine,
         ordered,
         ctx,

@@ -52,6 +52,8 @@ class Request:
     on_token: Callable[[int, Sampled, int], bool] | None = None
     """Streaming: hears (token, the step's `Sampled`, the row's index in it) for each token; True ends the row
     now (finish reason `stop`)."""
+    client: str = ""
+    """Who asked (a server's client: an address, or a recording session)."""
 
 
 @dataclass

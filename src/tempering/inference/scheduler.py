@@ -150,10 +150,13 @@ class Scheduler:
     # ------------------------------------------------------------------------------------ requests
 
     def submit(self, request: Request) -> Handle:
-        handle = Handle(request)
+        return self.add([Handle(request)])[0]
+
+    def add(self, handles: list[Handle]) -> list[Handle]:
+        """Queue requests made already (in this order: they join the running rows at the next step)."""
         with self.lock:
-            self.waiting.append(handle)
-        return handle
+            self.waiting.extend(handles)
+        return handles
 
     @property
     def busy(self) -> bool:

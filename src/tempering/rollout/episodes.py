@@ -12,6 +12,9 @@ prompt included) is reached the episode ends and is marked truncated. A `stop` r
 early (the repair agent's: stuck on the same error). With several turns the engine keeps each finished
 action's cache (`keep`), so the next turn computes only the new tokens (`Turn.computed`). The driver keeps
 each episode's environment and conversation to itself (`_Live`) and returns plain records (`types.Episode`).
+When the run names an agent of the user's (`agent.entry`), the agent acts instead: its runs are recorded
+through a proxy and come back as the same records (`agent.episodes.sample_episodes`, which the rollout
+source and evaluation call: it hands every other run to this driver).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tempering.envs import EnvContext, Environment, make_env
+from tempering.envs import EnvContext, Environment, make_env, step_all
 from tempering.inference.chat import Conversation, chat_format
 from tempering.inference.engine import Engine
 from tempering.types import Episode, Task
@@ -61,6 +64,7 @@ def run_episodes(
     timer = timer or (lambda name: nullcontext())
     tokenizer, max_new_tokens = engine.tokenizer, engine.sampling.max_new_tokens
     fmt = chat_format(tokenizer, chat)
+    assert ctx.agent is None, "a run of the user's agent: agent.episodes.sample_episodes drives it"
     lives = [
         _start(tasks[i // group_size], ctx, fmt, seed, first_task * group_size + i, group_size)
         for i in range(len(tasks) * group_size)
@@ -89,9 +93,7 @@ def run_episodes(
                 for row, (x, room) in enumerate(running)
             ]
             with timer("reward"):
-                steps = _step_all(
-                    [x.env for x, _, _, _ in actions], [text for _, text, _, _ in actions], pool
-                )
+                steps = step_all([x.env for x, _, _, _ in actions], [text for _, text, _, _ in actions], pool)
             for row, ((x, text, ended, n), step) in enumerate(zip(actions, steps)):
                 computed = len(contexts[row]) - (gen.reused[row] if gen.reused else 0)
                 x.episode.turns.append(step.as_turn(text, ended=ended, tokens=n, computed=computed))
@@ -129,18 +131,6 @@ def _after_step(x: _Live, step, text: str, ended: bool, last: bool, stop, fmt, m
     e.ids += obs_ids
     e.policy += [False] * len(obs_ids)
     e.logprobs += [0.0] * len(obs_ids)
-
-
-def _step_all(envs: list[Environment], actions: list[str], pool: ThreadPoolExecutor) -> list:
-    """Each environment's step, batched per environment kind; in the order of `envs`."""
-    steps: list = [None] * len(envs)
-    kinds: dict[type, list[int]] = {}
-    for i, env in enumerate(envs):
-        kinds.setdefault(type(env), []).append(i)
-    for cls, rows in kinds.items():
-        for i, step in zip(rows, cls.step_batch([envs[i] for i in rows], [actions[i] for i in rows], pool)):
-            steps[i] = step
-    return steps
 
 
 def _record_action(

@@ -40,10 +40,19 @@ def rollout_metrics(
     for e, r in zip(episodes, scores.tolist()):
         by_domain.setdefault(e.task.domain, []).append(r)
     m.update({f"reward/{d}/mean": sum(v) / len(v) for d, v in sorted(by_domain.items())})
-    later = [(e, k) for e in episodes for k in range(1, len(e.turns))]
+    later = [(e, k) for e in episodes for k in range(1, len(e.turns)) if not e.proxy]
     if later:  # a turn after the first: the engine computes only what its cache lacks
         m["rollout/prefill_tokens_per_turn"] = sum(e.turns[k].computed for e, k in later) / len(later)
         m["rollout/new_tokens_per_turn"] = sum(_new_tokens(e, k) for e, k in later) / len(later)
+    runs = [e.proxy for e in episodes if e.proxy]
+    if runs:  # runs of the user's agent, through the recording proxy (`agent.episodes`)
+        m["proxy/forks"] = sum(r.get("forks", 0.0) for r in runs)
+        for name in ("token_exact_fraction", "rerender_exact_fraction"):
+            values = [r[name] for r in runs if name in r]
+            if values:
+                m[f"proxy/{name}"] = sum(values) / len(values)
+        m["agent/failed"] = sum(r["failed"] for r in runs) / len(runs)
+        m["agent/timeouts"] = sum(r["timeout"] for r in runs) / len(runs)
     statuses = Counter(e.turns[-1].status for e in episodes if e.turns and e.turns[-1].status)
     for status in EXEC_STATUSES:
         if statuses[status]:

@@ -50,6 +50,23 @@ METRICS: dict[str, Metric] = {
         "tokens",
         "Multi-turn: context tokens each turn after the first adds (last action token and observation).",
     ),
+    "proxy/forks": Metric(
+        "calls",
+        "Runs of your agent (agent.entry): calls of the step's sessions that extended no recorded turn (a rewritten history), each a new branch not trained on.",
+    ),
+    "proxy/token_exact_fraction": Metric(
+        "fraction",
+        "Runs of your agent: share of recorded turns whose trained tokens are, token for token, the prompt the engine computed and the ids it sampled.",
+    ),
+    "proxy/rerender_exact_fraction": Metric(
+        "fraction",
+        "Runs of your agent: share of recorded chat turns whose prompt equals a fresh render of their messages (below 1: what a re-rendering trainer would have trained on wrongly; the record keeps the computed ids).",
+    ),
+    "agent/failed": Metric(
+        "fraction",
+        "Runs of your agent that raised, exited badly or timed out (trained on as far as they got).",
+    ),
+    "agent/timeouts": Metric("fraction", "Runs of your agent killed at agent.timeout_s."),
     "sandbox/status/<status>": Metric(
         "fraction", "Share of episodes whose last execution ended with this status (ok, runtime_error, ...)."
     ),
