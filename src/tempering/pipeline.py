@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from rich.console import Console
 
+from tempering.agent.episodes import close_agents
 from tempering.checkpoint import resolve_model
 from tempering.config import RunConfig
 from tempering.data import load_tasks
@@ -240,11 +241,14 @@ def heldout_eval(
     kw = dict(max_context=cfg.env.max_context, chat=cfg.env.chat_format)
     ctx = env_context(cfg, sandbox)
     result: dict[str, Any] = {"evaluated": key}
-    if sampled:
-        result["sampled"] = evaluate(
-            engine, tasks, ctx, samples=cfg.eval.samples, seed=cfg.run.seed + 7, **kw
-        ).to_json()
-    result["greedy"] = evaluate(engine, tasks, ctx, greedy=True, **kw).to_json()
+    try:
+        if sampled:
+            result["sampled"] = evaluate(
+                engine, tasks, ctx, samples=cfg.eval.samples, seed=cfg.run.seed + 7, **kw
+            ).to_json()
+        result["greedy"] = evaluate(engine, tasks, ctx, greedy=True, **kw).to_json()
+    finally:
+        close_agents(engine)  # a run of the user's agent: its proxy and server go with this engine
     result["wall_time_s"] = time.perf_counter() - began
     write_json(path, result)
     return result

@@ -95,7 +95,7 @@ def test_a_hostile_agent_is_confined_and_costs_the_run_only_its_own_sample(
     sleeper = Task(id="sleeper", domain="x", prompt="sleep", env="answer", answer="no")
     section = AgentSection(entry="plain_agent:by_prompt", timeout_s=6.0, patience_s=1.0, isolation="bwrap")
     ctx = EnvContext(sandbox=sandbox, agent=section, hidden=(str(run_dir),))
-    got, _, _ = episodes(tiny_model_dir, [hostile, sleeper, tasks[0][0]], ctx, group_size=1)
+    got, engine, _ = episodes(tiny_model_dir, [hostile, sleeper, tasks[0][0]], ctx, group_size=1)
     listener.close()
     seen = json.loads(got[0].turns[-1].action)
     assert seen["host_loopback"] != "connected" and seen["outside"] != "connected"
@@ -107,6 +107,11 @@ def test_a_hostile_agent_is_confined_and_costs_the_run_only_its_own_sample(
     honest = got[2]
     assert honest.proxy["failed"] == 0.0 and honest.proxy["token_exact_fraction"] == 1.0
     assert len(honest.turns) == 2 and sum(honest.policy) > 0
+    killer = Task(id="killer", domain="x", prompt="kill", env="answer", answer="no")
+    (killed,) = sample_episodes(engine, [killer], ctx, group_size=1, max_context=192)
+    assert killed.turns[-1].action == "still here"  # kill(-1) spares the caller and the server (PID 1)
+    (after,) = sample_episodes(engine, [tasks[0][1]], ctx, group_size=1, max_context=192)
+    assert after.proxy["failed"] == 0.0 and len(after.turns) == 2  # the same server, still serving
 
 
 def test_the_agents_sdk_code_agent_runs_its_examples_and_asks_again(

@@ -5,7 +5,8 @@ Started by `runner.AgentRunner` (inside bubblewrap where it works) with its sett
 or null, "path": directories put first on sys.path}. It imports the entry once (so each run costs a fork,
 not an interpreter start and the agent library's import), says `{"ready": true}` (or the import's error) on
 stdout, then reads one job per line on stdin: {"index", "task", "api_key", "timeout_s"}. Each job runs in a
-child of its own process group: the child listens on 127.0.0.1 (inside the container's own network
+child of its own process group (the server is PID 1 of the container, so no signal from a run reaches it,
+and it reaps what runs leave behind): the child listens on 127.0.0.1 (inside the container's own network
 namespace, whose only other way out is the proxy's socket) and relays every connection to the proxy, then
 calls `function(task, base_url, api_key)` - or runs the command with the task as JSON on stdin and
 OPENAI_BASE_URL / OPENAI_API_KEY set - and reports its answer: {"index", "status": ok | error | timeout,
@@ -64,13 +65,14 @@ def relay(unix_path: str) -> int:
     return listener.getsockname()[1]
 
 
-def run_child(settings: dict, function, job: dict, out_fd: int) -> None:
+def run_child(settings: dict, function, job: dict, out_fd: int, siblings: list[int]) -> None:
     """In the forked child: the relay, the agent, and its report on `out_fd`. Never returns."""
     report = {"index": job["index"], "status": "ok", "answer": None, "error": None}
     try:
-        os.setsid()
+        os.setpgid(0, 0)  # a process group of its own (the server sets it too), killed as one at its limit
+        for fd in siblings:  # the other runs' report pipes and the server's channel: none of its business
+            os.close(fd)
         os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-        os.dup2(2, 1)  # the agent's prints go to stderr: stdout is the server's channel
         base_url = f"http://127.0.0.1:{relay(settings['socket'])}/v1"
         if function is not None:
             answer = function(job["task"], base_url, job["api_key"])
@@ -82,19 +84,30 @@ def run_child(settings: dict, function, job: dict, out_fd: int) -> None:
             sys.stderr.write(done.stderr[-4000:])
             if done.returncode != 0:
                 raise RuntimeError(f"the agent command exited with {done.returncode}: {done.stderr[-500:]}")
-            answer = done.stdout
+            answer = done.stdout.strip() or None
         if isinstance(answer, dict):
             answer = answer.get("answer")
-        report["answer"] = None if answer is None else str(answer)
+        report["answer"] = None if answer is None else str(answer)[: MAX_RESULT // 8]
     except BaseException as e:  # noqa: BLE001 - whatever the agent raised is its sample's error
         report["status"], report["error"] = "error", "".join(traceback.format_exception(e))[-2000:]
-    os.write(out_fd, json.dumps(report).encode()[:MAX_RESULT])
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    data = json.dumps(report).encode()
+    while data:
+        data = data[os.write(out_fd, data[:65536]) :]
     os._exit(0)
 
 
 def main() -> None:
     settings = json.loads(sys.argv[1])
     sys.path[:0] = settings["path"]
+    channel = os.dup(1)  # the protocol's own: whatever the agent prints (at import too) goes to stderr
+    os.dup2(2, 1)
+    sys.stdout = os.fdopen(channel, "w")
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     function = None
     try:
         if settings.get("entry"):
@@ -127,7 +140,11 @@ def main() -> None:
                     pid = os.fork()
                     if pid == 0:
                         os.close(r)
-                        run_child(settings, function, job, w)
+                        run_child(settings, function, job, w, [channel, *children])
+                    try:
+                        os.setpgid(pid, pid)  # its group now, so a kill never races its setsid
+                    except OSError:
+                        pass
                     os.close(w)
                     deadline = time.monotonic() + float(job["timeout_s"])
                     children[r] = {"pid": pid, "job": job, "deadline": deadline, "data": b""}
@@ -142,6 +159,18 @@ def main() -> None:
         for fd, child in list(children.items()):
             if time.monotonic() > child["deadline"]:
                 finish(sel, children, fd, out, "timeout")
+        reap()
+
+
+def reap() -> None:
+    """As PID 1 of its container the server inherits every orphan: collect the ones that have exited."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
 
 
 def finish(sel, children: dict, fd: int, out, status: str | None) -> None:
@@ -165,7 +194,10 @@ def finish(sel, children: dict, fd: int, out, status: str | None) -> None:
             os.killpg(child["pid"], signal.SIGKILL)  # what it left running (a command's children)
         except (ProcessLookupError, PermissionError):
             pass
-    os.waitpid(child["pid"], 0)
+    try:
+        os.waitpid(child["pid"], 0)
+    except ChildProcessError:  # `reap` collected it already
+        pass
     out.write(json.dumps(report) + "\n")
     out.flush()
 

@@ -29,6 +29,7 @@ from tempering.agent.proxy import Proxy
 from tempering.agent.runner import AgentRunner
 from tempering.agent.sessions import Sampling, SessionLimits, SessionRecord
 from tempering.envs import EnvContext, make_env, step_all
+from tempering.errors import TemperingError
 from tempering.inference.chat import chat_format
 from tempering.rollout.episodes import run_episodes
 from tempering.types import Episode, Task, Turn
@@ -50,31 +51,49 @@ class AgentRuntime:
         except BaseException:
             self.proxy.close()
             raise
-        self.concurrency = g.concurrency
+        self.concurrency, self.timeout_s, self.patience_s = g.concurrency, g.timeout_s, g.patience_s
 
     def run(self, jobs: list[tuple[dict, Sampling]]) -> list[tuple[dict, SessionRecord | None]]:
         """Each (task, sampling) run once in a session of its own, at most `concurrency` at a time: their
-        (report, record), in order. A run joins the lockstep before the one it replaces leaves it, so every
-        batch is every running agent's."""
+        (report, record), in order. The first runs join the lockstep together, and a run joins it before
+        the one it replaces leaves it, so every batch is every running agent's. When all have reported,
+        what a killed run left waiting is cancelled, and nothing runs on the engine any more."""
         lockstep, out = self.proxy.lockstep, [None] * len(jobs)
         todo, active = iter(range(len(jobs))), {}
+        first = min(self.concurrency, len(jobs))
+        lockstep.expect(first)
 
-        def launch() -> None:
+        def launch(counted: bool) -> None:
             i = next(todo, None)
-            if i is not None:
+            if i is None:
+                return lockstep.done_one() if counted else None
+            if not counted:
                 lockstep.expect(1)
+            try:
                 session = self.proxy.open(jobs[i][1])
                 active[self.runner.run(i, jobs[i][0], session.key)] = (i, session)
-
-        for _ in range(min(self.concurrency, len(jobs))):
-            launch()
-        while active:
-            done, _ = wait(list(active), return_when=FIRST_COMPLETED)
-            for future in sorted(done, key=lambda f: active[f][0]):
-                i, session = active.pop(future)
-                out[i] = (future.result(), (self.proxy.finish(session) or [None])[-1])
-                launch()
+            except BaseException:
                 lockstep.done_one()
+                raise
+
+        try:
+            for _ in range(first):
+                launch(counted=True)
+            while active:
+                done, _ = wait(
+                    list(active), timeout=self.patience_s + self.timeout_s + 60, return_when=FIRST_COMPLETED
+                )
+                if not done:
+                    raise TemperingError(
+                        f"no agent run reported in {self.timeout_s + 60:.0f} s past its time limit"
+                    )
+                for future in sorted(done, key=lambda f: active[f][0]):
+                    i, session = active.pop(future)
+                    out[i] = (future.result(), (self.proxy.finish(session) or [None])[-1])
+                    launch(counted=False)
+                    lockstep.done_one()
+        finally:
+            lockstep.drain()
         return out
 
     def close(self) -> None:
@@ -86,9 +105,16 @@ def runtime_for(engine, ctx: EnvContext, fmt, max_context: int) -> AgentRuntime:
     runtime = _RUNTIMES.get(engine)
     if runtime is None:
         runtime = _RUNTIMES[engine] = AgentRuntime(engine, ctx, fmt, max_context)
-        weakref.finalize(engine, runtime.close)
         atexit.register(runtime.close)
     return runtime
+
+
+def close_agents(engine) -> None:
+    """Stop `engine`'s proxy and agent server, if it has them (an evaluation's engine, when it is done)."""
+    runtime = _RUNTIMES.pop(engine, None)
+    if runtime is not None:
+        atexit.unregister(runtime.close)
+        runtime.close()
 
 
 def public(task: Task) -> dict:

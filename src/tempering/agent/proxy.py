@@ -42,6 +42,7 @@ class Lockstep:
         self.cond = threading.Condition()
         self.waiting: list[tuple[float, Handle]] = []
         self.running = 0
+        self.busy = False
         self.closed = False
         self.thread: threading.Thread | None = None
 
@@ -81,6 +82,15 @@ class Lockstep:
             return 0.0
         return max(0.0, self.waiting[0][0] + self.patience_s - time.monotonic())
 
+    def drain(self) -> None:
+        """Cancel what waits, and return once no batch runs: the engine is the trainer's again."""
+        with self.cond:
+            for _, h in self.waiting:
+                h.cancel()
+            self.running = 0
+            self.cond.notify_all()
+            self.cond.wait_for(lambda: not self.waiting and not self.busy, timeout=60)
+
     def _loop(self) -> None:
         while True:
             with self.cond:
@@ -88,15 +98,19 @@ class Lockstep:
                     self.cond.wait(wait)
                 if self.closed:
                     return
-                batch, self.waiting = [h for _, h in self.waiting], []
+                batch, self.waiting, self.busy = [h for _, h in self.waiting], [], True
             batch.sort(key=lambda h: (h.request.seed, h.request.client, h.request.prompt))
-            self.engine.scheduler.add(batch)
             try:
+                self.engine.scheduler.add(batch)
                 self.engine.run(batch)
             except Exception as e:  # noqa: BLE001 - every call of the batch hears it
                 for h in batch:
                     if not h.done():
                         h.future.set_exception(e)
+            finally:
+                with self.cond:
+                    self.busy = False
+                    self.cond.notify_all()
 
 
 class Proxy:

@@ -1,7 +1,7 @@
 """The user's agent, confined: one fork server (`_agent_worker.py`) that runs it once per sample.
 
 Under bubblewrap (`isolation: bwrap`, or `auto` where it works) the server is PID 1 of fresh user, PID,
-network, IPC and UTS namespaces: its network has no interface but its own loopback, so the one way out is
+network, IPC and UTS namespaces (so no signal from a run can reach it): its network has no interface but its own loopback, so the one way out is
 the recording proxy's Unix socket, bound in (each run relays its `base_url` on 127.0.0.1 to it). It sees the
 host's /usr, the Python environment and the import paths read-only - with the run directory (data,
 checkpoints, logs) hidden under an empty tmpfs even where it lies below one of them - a small tmpfs as /tmp,
@@ -50,7 +50,8 @@ def import_roots(entry: str | None) -> list[str]:
 
 
 def bwrap_command(bwrap: str, roots: list[str], socket_dir: str, hidden: list[str]) -> list[str]:
-    args = [bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--clearenv"]
+    args = [bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--as-pid-1", "--cap-drop", "ALL"]
+    args += ["--clearenv"]
     args += ["--ro-bind", "/usr", "/usr", "--proc", "/proc", "--dev", "/dev"]
     for top in ("bin", "sbin", "lib", "lib64"):
         path = Path("/") / top
@@ -67,11 +68,16 @@ def bwrap_command(bwrap: str, roots: list[str], socket_dir: str, hidden: list[st
             args += ["--ro-bind", root, root]
     for path in hidden:  # the trainer's run directory, even under a bound path
         if any(path == r or path.startswith(r.rstrip("/") + "/") for r in bound):
-            args += ["--tmpfs", path]
+            args += ["--size", str(1 << 20), "--tmpfs", path]
     args += ["--ro-bind", socket_dir, PROXY_DIR, "--chdir", "/tmp"]
     for key, value in ENV.items():
         args += ["--setenv", key, value]
     return args + ["--"]
+
+
+def hidden_paths(paths) -> list[str]:
+    """Each path as given and as resolved (a run directory reached through a symlink is hidden both ways)."""
+    return list(dict.fromkeys(p for h in paths for p in (os.path.abspath(h), os.path.realpath(h))))
 
 
 def resolve_isolation(wanted: str) -> str | None:
@@ -104,25 +110,24 @@ class AgentRunner:
         settings = {"socket": inside, "entry": section.entry, "command": section.command, "path": roots}
         argv = [sys.executable, "-s", "-B", "-c", WORKER.read_text(), json.dumps(settings)]
         if bwrap:
-            argv = (
-                bwrap_command(
-                    bwrap, roots, str(Path(socket_path).parent), [os.path.abspath(h) for h in hidden]
-                )
-                + argv
-            )
+            argv = bwrap_command(bwrap, roots, str(Path(socket_path).parent), hidden_paths(hidden)) + argv
         env = None if bwrap else {**ENV, "PYTHONPATH": os.pathsep.join(roots)}
         self.proc = subprocess.Popen(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True
         )
         self.log: deque[str] = deque(maxlen=200)
         threading.Thread(target=self._drain, daemon=True).start()
-        ready = json.loads(self.proc.stdout.readline() or '{"ready": false, "error": "it exited"}')
+        try:
+            ready = json.loads(self.proc.stdout.readline() or '{"ready": false, "error": "it exited"}')
+        except ValueError:
+            ready = {"ready": False, "error": "it said something else than that it is ready"}
         if not ready["ready"]:
             self.close()
             tail = "".join(self.log)[-800:]
             raise TemperingError(f"the agent could not start: {ready['error']}{': ' + tail if tail else ''}")
         self.lock = threading.Lock()
         self.pending: dict[int, Future] = {}
+        self.dead = False
         threading.Thread(target=self._read, daemon=True).start()
 
     def _drain(self) -> None:
@@ -130,20 +135,29 @@ class AgentRunner:
             self.log.append(line)
 
     def _read(self) -> None:
-        for line in self.proc.stdout:
-            report = json.loads(line)
-            with self.lock:
-                future = self.pending.pop(report["index"], None)
-            if future is not None:
-                future.set_result(report)
-        with self.lock:  # the server died: every run still waiting fails
-            left, self.pending = self.pending, {}
-        for future in left.values():
-            future.set_result({"status": "error", "answer": None, "error": "the agent server exited"})
+        try:
+            for line in self.proc.stdout:
+                try:
+                    report = json.loads(line)
+                    index = report["index"]
+                except (ValueError, KeyError, TypeError):
+                    continue  # not a report: the channel is the server's own, this is not its line
+                with self.lock:
+                    future = self.pending.pop(index, None)
+                if future is not None:
+                    future.set_result(report)
+        finally:
+            with self.lock:  # the server died: every run still waiting fails, and later runs refuse
+                left, self.pending, self.dead = self.pending, {}, True
+            for future in left.values():
+                future.set_result({"status": "error", "answer": None, "error": "the agent server exited"})
 
     def run(self, index: int, task: dict, api_key: str) -> Future:
         future: Future = Future()
         with self.lock:
+            if self.dead:
+                tail = "".join(self.log)[-800:]
+                raise TemperingError(f"the agent server exited{': ' + tail if tail else ''}")
             self.pending[index] = future
         job = {"index": index, "task": task, "api_key": api_key, "timeout_s": self.section.timeout_s}
         try:
