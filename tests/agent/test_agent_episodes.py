@@ -13,7 +13,7 @@ from tempering.agent.episodes import sample_episodes
 from tempering.agent.runner import resolve_isolation
 from tempering.config_sections import AgentSection
 from tempering.envs import EnvContext
-from tempering.inference.engine import LocalEngine, SamplingParams
+from tempering.inference.engine import SamplingParams, make_engine
 from tempering.models.loading import load_model, load_tokenizer
 from tempering.rewards import RewardFunction
 from tempering.rollout.batch import collate
@@ -30,7 +30,7 @@ def agents_path(monkeypatch):
 
 def episodes(model_dir, tasks, ctx, group_size=2, seed=0):
     model, tokenizer = load_model(model_dir), load_tokenizer(model_dir)
-    engine = LocalEngine(model, tokenizer, SamplingParams(1.0, 1.0, 12))
+    engine = make_engine(model, tokenizer, SamplingParams(1.0, 1.0, 12))
     out = sample_episodes(
         engine,
         tasks,

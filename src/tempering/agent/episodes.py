@@ -19,7 +19,6 @@ out is trained on as far as it got (nothing, if it made no call) and counted in 
 from __future__ import annotations
 
 import atexit
-import weakref
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from contextlib import nullcontext
 
@@ -34,7 +33,8 @@ from tempering.inference.chat import chat_format
 from tempering.rollout.episodes import run_episodes
 from tempering.types import Episode, Task, Turn
 
-_RUNTIMES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_RUNTIMES: dict[object, AgentRuntime] = {}
+"""Engine -> its runtime, until `close_agents` (or the process's exit) closes it."""
 
 
 class AgentRuntime:

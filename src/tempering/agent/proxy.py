@@ -1,6 +1,6 @@
 """The trainer's recording proxy: `tempering serve --sessions` in the trainer's process, for its agents.
 
-A rollout of agent episodes (`rollout.episodes`, with `agent.entry` or `agent.command` set) serves the
+A rollout of agent episodes (`agent.episodes`, with `agent.entry` or `agent.command` set) serves the
 rollout engine through the server `tempering serve --sessions` runs (`server.OpenAIServer`), on a Unix
 socket in a private directory: the agents reach it through the relay of their confinement (`runner.py`),
 with the key of a session the trainer opened for them. Only session keys get in (the server's own token is
@@ -145,11 +145,7 @@ class Proxy:
 
     def finish(self, session: Session) -> list[SessionRecord]:
         """The session's records, whether its agent closed it or the trainer does now."""
-        self.store.close(session)
-        with self.store.lock:
-            mine = [r for r in self.store.finished if r.session == session.id]
-            self.store.finished = [r for r in self.store.finished if r.session != session.id]
-        return mine
+        return self.store.collect(session)
 
     def close(self) -> None:
         """Stop the server (idempotent: a runtime closes at its engine's end or at exit, whichever is first)."""

@@ -353,6 +353,15 @@ class SessionStore:
             self.finished += records
         return records
 
+    def collect(self, session: Session) -> list[SessionRecord]:
+        """Ends the session if it is open; its records either way, taken out of `take_finished`'s (the
+        trainer's side, when it opened the session itself)."""
+        self.close(session)
+        with self.lock:
+            mine = [r for r in self.finished if r.session == session.id]
+            self.finished = [r for r in self.finished if r.session != session.id]
+        return mine
+
     def take_finished(self) -> list[SessionRecord]:
         """The records of the sessions closed since the last call (the trainer's side)."""
         with self.lock:
