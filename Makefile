@@ -11,7 +11,7 @@ DEV_STAMP := $(VENV)/.installed-dev
 MODELS_STAMP := $(VENV)/.installed-models
 DOCS_STAMP := $(VENV)/.installed-docs
 
-.PHONY: setup models demo smollm2 agent-proxy test test-fast lint format typecheck smoke clean vllm test-vllm docs docs-ref test-openenv test-verifiers
+.PHONY: setup models demo smollm2 agent-proxy test test-fast lint format typecheck smoke clean vllm test-vllm docs docs-ref test-openenv test-verifiers gpu-check
 
 setup: $(STAMP)
 
@@ -124,6 +124,10 @@ $(VLLM_STAMP): pyproject.toml Makefile data-packages.txt
 
 test-vllm: $(VLLM_STAMP)
 	VLLM_CPU_OMP_THREADS_BIND=0-1 $(VLLM_VENV)/bin/pytest -q -m vllm tests/inference/test_vllm.py
+
+# Everything that needs CUDA, in at most 10 minutes on one GPU, one summary; one line and exit 0 without a GPU.
+gpu-check: $(DEV_STAMP) $(MODELS_STAMP)
+	$(BIN)/python bench/gpu_check.py
 
 clean:
 	rm -rf runs .pytest_cache

@@ -1,14 +1,19 @@
-"""Sampling throughput of the engine against Hugging Face `model.generate` (and vLLM, where its venv exists).
+"""Sampling throughput of the engine against Hugging Face `model.generate` and vLLM, like for like.
 
-    .venv/bin/python bench/engine_throughput.py [MODEL] [--prompts 2 4] [--max-new 128 256] [--samples 8]
-                                               [--vllm .venv-vllm/bin/python] [--threads 2] [--bf16]
+    .venv/bin/python bench/engine_throughput.py [MODEL] [--prompts 4 8] [--max-new 256] [--samples 8]
+        [--precision bf16 fp32] [--repeats 3] [--vllm .venv-vllm/bin/python] [--no-hf] [--threads 2]
 
 HumanEval prompts in the model's chat template (default model: smollm2-135m-instruct), P distinct prompts
 x `--samples` samples each, temperature 1.0, full softmax, stopping at the model's stop tokens. Tokens/s
 counts the tokens actually generated (up to and including a stop token) over the wall time of the whole
-call, prefill included. Every configuration runs each arm in the same process, one after the other.
-`--bf16` adds the engine sampling from its bf16 copy (`model.compute: bfloat16`) and HF generate on a bf16
-copy of the model; ratios are against HF generate in fp32.
+call, prefill included.
+
+Every arm runs at each `--precision`: the engine sampling from its bf16 copy (`model.compute: bfloat16`)
+or the fp32 model, HF generate on a bf16 copy or the fp32 model, vLLM's CPU build with `dtype` bfloat16 or
+float32 (one vLLM process per precision, started once, fed the same prompts as the others). Ratios are
+against the peer at the same precision. Arms alternate: each of `--repeats` rounds runs every arm once,
+in turn, and the table shows each arm's median. Beside it, the matmul ceiling at the same rows, measured
+in the same run (`bench/ceiling.py`).
 """
 
 from __future__ import annotations
@@ -17,12 +22,13 @@ import argparse
 import copy
 import json
 import os
+import statistics
 import subprocess
-import sys
 import time
 
 import torch
-from record import write_record  # bench/record.py, beside this script
+from ceiling import decode_ceiling  # bench/, beside this script
+from record import write_record
 
 from tempering.checkpoint import resolve_model
 from tempering.data.benchmarks import humaneval_tasks
@@ -30,18 +36,59 @@ from tempering.inference.chat import chat_format
 from tempering.inference.engine import LocalEngine, SamplingParams, make_engine
 from tempering.models.loading import load_model, load_tokenizer
 
-VLLM_ARM = r"""
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+VLLM_WORKER = r"""
 import json, sys, time
 from vllm import LLM, SamplingParams, TokensPrompt
-model, prompts, samples, max_new = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-llm = LLM(model=model, dtype="float32", gpu_memory_utilization=0.2, max_model_len=2048, seed=0)
-params = SamplingParams(n=samples, temperature=1.0, top_p=1.0, max_tokens=max_new)
-llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts[:1]], params)  # warm-up
-started = time.perf_counter()
-out = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params)
-wall = time.perf_counter() - started
-print(json.dumps({"tokens": sum(len(c.token_ids) for o in out for c in o.outputs), "wall": wall}))
+llm = LLM(model=sys.argv[1], dtype=sys.argv[2], gpu_memory_utilization=0.2, max_model_len=2048, seed=0)
+print(json.dumps({"ready": True, "dtype": str(llm.llm_engine.model_config.dtype)}), flush=True)
+for line in sys.stdin:
+    job = json.loads(line)
+    params = SamplingParams(n=job["samples"], temperature=1.0, top_p=1.0, max_tokens=job["max_new"])
+    prompts = [TokensPrompt(prompt_token_ids=p) for p in job["prompts"]]
+    started = time.perf_counter()
+    out = llm.generate(prompts, params, use_tqdm=False)
+    wall = time.perf_counter() - started
+    print(json.dumps({"tokens": sum(len(c.token_ids) for o in out for c in o.outputs), "wall": wall}), flush=True)
 """
+
+
+class VLLMArm:
+    """A vLLM process of its own at one precision, kept for the whole run and fed jobs on stdin."""
+
+    def __init__(self, python: str, model_dir: str, precision: str, threads: int):
+        env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": f"0-{threads - 1}", "VLLM_TARGET_DEVICE": "cpu"}
+        dtype = {"bf16": "bfloat16", "fp32": "float32"}[precision]
+        self.process = subprocess.Popen(
+            [python, "-c", VLLM_WORKER, model_dir, dtype],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=open(os.environ.get("VLLM_LOG", os.devnull), "a"),
+            text=True,
+            env=env,
+        )
+        self.dtype = self._reply()["dtype"]  # what vLLM itself says it runs in
+
+    def _reply(self) -> dict:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            if line.startswith("{"):
+                return json.loads(line)
+        raise RuntimeError(f"the vLLM worker exited (rc {self.process.wait()})")
+
+    def __call__(self, prompts: list[list[int]], samples: int, max_new: int) -> tuple[int, float]:
+        assert self.process.stdin is not None
+        self.process.stdin.write(
+            json.dumps({"prompts": prompts, "samples": samples, "max_new": max_new}) + "\n"
+        )
+        self.process.stdin.flush()
+        reply = self._reply()
+        return reply["tokens"], reply["wall"]
+
+    def close(self) -> None:
+        self.process.kill()
+        self.process.wait()
 
 
 def engine_arm(
@@ -58,11 +105,10 @@ def hf_arm(
     model, prompts: list[list[int]], samples: int, max_new: int, stops: list[int], pad: int
 ) -> tuple[int, float]:
     width = max(map(len, prompts))
-    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts for _ in range(samples)])
-    mask = (
-        torch.arange(width)[None]
-        >= torch.tensor([width - len(p) for p in prompts for _ in range(samples)])[:, None]
-    )
+    device = next(model.parameters()).device
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts for _ in range(samples)], device=device)
+    starts = torch.tensor([width - len(p) for p in prompts for _ in range(samples)], device=device)
+    mask = torch.arange(width, device=device)[None] >= starts[:, None]
     torch.manual_seed(0)
     started = time.perf_counter()
     out = model.generate(
@@ -78,98 +124,124 @@ def hf_arm(
     )
     wall = time.perf_counter() - started
     new = out[:, width:]
-    ended = torch.isin(new, torch.tensor(stops))
+    ended = torch.isin(new, torch.tensor(stops, device=device))
     after = (ended.cumsum(1) - ended.long()) > 0  # tokens after the first stop are padding
     return int((~after).sum()), wall
 
 
-def vllm_arm(
-    python: str, model_dir: str, prompts: list[list[int]], samples: int, max_new: int, threads: int
-) -> tuple[int, float] | None:
-    env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": f"0-{threads - 1}", "VLLM_TARGET_DEVICE": "cpu"}
-    done = subprocess.run(
-        [python, "-c", VLLM_ARM, model_dir, json.dumps(prompts), str(samples), str(max_new)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=3600,
-    )
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    if done.returncode != 0 or not lines:
-        print(f"vllm arm failed: {done.stderr.strip()[-400:]}", file=sys.stderr)
-        return None
-    result = json.loads(lines[-1])
-    return result["tokens"], result["wall"]
+def build_arms(args, model, tokenizer, model_dir: str) -> tuple[dict, list[VLLMArm]]:
+    """(arm, precision) -> a callable(prompts, samples, max_new) -> (tokens, wall); the vLLM processes."""
+    stops = list(make_engine(model, tokenizer).stop_ids)
+    pad = tokenizer.pad_token_id
+    arms, workers = {}, []
+    for precision in args.precision:
+        dtype = DTYPES[precision]
+        engine = make_engine(model, tokenizer, dtype=dtype if dtype != torch.float32 else None)
+        arms["engine", precision] = lambda p, s, m, e=engine: engine_arm(e, p, s, m)
+        if not args.no_hf:
+            hf = model if dtype == torch.float32 else copy.deepcopy(model).to(dtype)
+            arms["HF", precision] = lambda p, s, m, h=hf: hf_arm(h, p, s, m, stops, pad)
+        if args.vllm:
+            worker = VLLMArm(args.vllm, model_dir, precision, args.threads)
+            print(f"vLLM {precision}: the worker runs in {worker.dtype}", flush=True)
+            workers.append(worker)
+            arms["vLLM", precision] = worker
+    return arms, workers
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("model", nargs="?", default="smollm2-135m-instruct")
-    p.add_argument("--prompts", type=int, nargs="+", default=[2, 4])
-    p.add_argument("--max-new", type=int, nargs="+", default=[128, 256])
+    p.add_argument("--prompts", type=int, nargs="+", default=[4, 8])
+    p.add_argument("--max-new", type=int, nargs="+", default=[256])
     p.add_argument("--samples", type=int, default=8)
+    p.add_argument("--precision", nargs="+", choices=sorted(DTYPES), default=["bf16", "fp32"])
+    p.add_argument("--repeats", type=int, default=1, help="rounds of every arm in turn; medians reported")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--vllm", help="python of a venv with vllm-cpu (make vllm): adds the vLLM arm")
-    p.add_argument("--no-hf", action="store_true", help="skip the HF generate arm")
-    p.add_argument("--bf16", action="store_true", help="add the bf16 arms (engine and HF generate)")
     p.add_argument(
-        "--record", metavar="PATH", help="also write the largest arm's engine figure as a result record"
+        "--device", default="cpu", help="where the engine and HF arms run (cuda: `make gpu-check`)"
     )
+    p.add_argument("--vllm", help="python of a venv with vllm-cpu (make vllm): adds the vLLM arms")
+    p.add_argument("--no-hf", action="store_true", help="skip the HF generate arms")
+    p.add_argument("--record", metavar="PATH", help="also write the engine's bf16 figures as a result record")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     model_dir = resolve_model(args.model)
-    model, tokenizer = load_model(model_dir).eval(), load_tokenizer(model_dir)
+    model, tokenizer = load_model(model_dir, device=args.device).eval(), load_tokenizer(model_dir)
     fmt = chat_format(tokenizer, "auto")
     tasks = humaneval_tasks()
-    engine = make_engine(model, tokenizer)
-    stops, pad = list(engine.stop_ids), tokenizer.pad_token_id
-    engine_arm(engine, [fmt.start(tasks[-1].prompt)[0]], 2, 8)  # warm-up
-    if args.bf16:
-        engine16, model16 = (
-            make_engine(model, tokenizer, dtype=torch.bfloat16),
-            copy.deepcopy(model).bfloat16(),
-        )
-        engine_arm(engine16, [fmt.start(tasks[-1].prompt)[0]], 2, 8)
-    print(f"{'P':>2} {'max_new':>7} {'arm':<8} {'tokens':>7} {'wall s':>7} {'tok/s':>7} {'vs HF':>6}")
+    arms, workers = build_arms(args, model, tokenizer, str(model_dir))
+    warm = [fmt.start(tasks[-1].prompt)[0]]
+    for arm in arms.values():
+        arm(warm, 2, 8)
     rates: dict[str, float] = {}
-    for max_new in args.max_new:
-        for n in args.prompts:
-            prompts = [fmt.start(t.prompt)[0] for t in tasks[:n]]
-            rows = {"engine": engine_arm(engine, prompts, args.samples, max_new)}
-            if not args.no_hf:
-                rows["HF"] = hf_arm(model, prompts, args.samples, max_new, stops, pad)
-            if args.bf16:
-                rows["engine16"] = engine_arm(engine16, prompts, args.samples, max_new)
-                if not args.no_hf:
-                    rows["HF16"] = hf_arm(model16, prompts, args.samples, max_new, stops, pad)
-            if args.vllm:
-                got = vllm_arm(args.vllm, str(model_dir), prompts, args.samples, max_new, args.threads)
-                if got:
-                    rows["vLLM"] = got
-            hf = rows["HF"][0] / rows["HF"][1] if "HF" in rows else None
-            for arm, (tokens, wall) in rows.items():
-                rate = tokens / wall
-                rates[f"{arm} {n}x{args.samples} {max_new} new"] = round(rate, 1)
-                print(
-                    f"{n:>2} {max_new:>7} {arm:<8} {tokens:>7} {wall:>7.1f} {rate:>7.1f} "
-                    + (f"{rate / hf:>5.2f}x" if hf else ""),
-                    flush=True,
-                )
+    try:
+        for max_new in args.max_new:
+            for n in args.prompts:
+                prompts = [fmt.start(t.prompt)[0] for t in tasks[:n]]
+                runs: dict = {key: [] for key in arms}
+                for _ in range(args.repeats):
+                    for key, arm in arms.items():
+                        runs[key].append(arm(prompts, args.samples, max_new))
+                rates |= report(model, n, args.samples, max_new, runs, args.precision)
+    finally:
+        for worker in workers:
+            worker.close()
     if args.record:
-        n, max_new = max(args.prompts), max(args.max_new)
-        arm = "engine16" if args.bf16 else "engine"
-        rate = rates[f"{arm} {n}x{args.samples} {max_new} new"]
-        hf = rates.get(f"HF {n}x{args.samples} {max_new} new")
-        write_record(
-            args.record,
-            name="engine-throughput",
-            figure=f"engine sampling, {'bf16' if args.bf16 else 'fp32'}: {rate:.0f} tokens/s at {n} prompts x "
-            f"{args.samples}, {max_new} new tokens" + (f" ({rate / hf:.2f}x HF generate fp32)" if hf else ""),
-            unit="tokens/s",
-            value=rate,
-            values=rates,
-            notes=f"Model {args.model}; HumanEval prompts in the chat template, T=1; {args.threads} threads.",
+        record(args, rates)
+
+
+def report(model, n: int, samples: int, max_new: int, runs: dict, precisions: list[str]) -> dict[str, float]:
+    """Print one configuration's table (medians; ratios against the peers at the same precision)."""
+    rows = n * samples
+    ceilings = {pr: decode_ceiling(model, rows, DTYPES[pr])["tokens_per_s"] for pr in precisions}
+    print(
+        f"\n{n} prompts x {samples}, {max_new} new tokens ({rows} rows); matmul ceiling at {rows} rows: "
+        + ", ".join(f"{pr} {c:.0f} tokens/s" for pr, c in ceilings.items())
+    )
+    print(
+        f"{'arm':<7} {'precision':<9} {'tokens':>7} {'wall s':>7} {'tok/s':>7} {'each run':<22} "
+        f"{'vs HF':>6} {'vs vLLM':>8} {'of ceiling':>10}"
+    )
+    median = {key: statistics.median(t / w for t, w in got) for key, got in runs.items()}
+    rates = {}
+    for (arm, precision), got in runs.items():
+        rate = median[arm, precision]
+        tokens, wall = got[len(got) // 2]
+        each = "/".join(f"{t / w:.0f}" for t, w in got)
+        hf, vllm = median.get(("HF", precision)), median.get(("vLLM", precision))
+        print(
+            f"{arm:<7} {precision:<9} {tokens:>7} {wall:>7.1f} {rate:>7.1f} {each:<22} "
+            f"{(f'{rate / hf:.2f}x' if hf else ''):>6} {(f'{rate / vllm:.2f}x' if vllm else ''):>8} "
+            f"{rate / ceilings[precision]:>9.0%}",
+            flush=True,
         )
+        rates[f"{arm} {precision} {n}x{samples} {max_new} new"] = round(rate, 1)
+    for precision, ceiling in ceilings.items():
+        rates[f"ceiling {precision} {rows} rows"] = round(ceiling, 1)
+    return rates
+
+
+def record(args, rates: dict[str, float]) -> None:
+    n, max_new = max(args.prompts), max(args.max_new)
+    key = f"{args.samples} {max_new} new"
+    rate = rates[f"engine bf16 {n}x{key}"]
+    peers = [
+        f"{rate / rates[f'{peer} bf16 {n}x{key}']:.2f}x {name} bf16"
+        for peer, name in (("vLLM", "vLLM's CPU build"), ("HF", "HF generate"))
+        if f"{peer} bf16 {n}x{key}" in rates
+    ]
+    write_record(
+        args.record,
+        name="engine-throughput",
+        figure=f"engine sampling, bf16: {rate:.0f} tokens/s at {n} prompts x {args.samples}, {max_new} new tokens"
+        + (f" ({', '.join(peers)})" if peers else ""),
+        unit="tokens/s",
+        value=rate,
+        values=rates,
+        notes=f"Model {args.model}; HumanEval prompts in the chat template, T=1; {args.threads} threads; "
+        f"medians of {args.repeats} alternating rounds; every peer at the same precision.",
+    )
 
 
 if __name__ == "__main__":
