@@ -71,3 +71,21 @@ def test_generation_returns_cpu_tensors_and_repeats_from_a_cpu_generator(tiny, t
     b = engine.generate(prompts, generator=torch.Generator().manual_seed(5))
     assert torch.equal(a.response_ids, b.response_ids)
     assert a.response_ids.device.type == a.logprobs.device.type == "cpu"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU check's no-GPU answer")
+def test_the_gpu_check_says_in_one_line_that_there_is_no_gpu(tmp_path):
+    """`make gpu-check` on a machine without CUDA: one line naming why nothing ran, exit 0, nothing started."""
+    import subprocess
+    import sys
+
+    from tests.helpers.runs import ROOT
+
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "gpu_check.py")], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "gpu-check: no CUDA device here (torch.cuda.is_available() is False): nothing to check"
+    ]
+    assert list(tmp_path.iterdir()) == []
