@@ -32,7 +32,7 @@ from record import write_record
 
 from tempering.checkpoint import resolve_model
 from tempering.data.benchmarks import humaneval_tasks
-from tempering.inference.chat import chat_format
+from tempering.inference.chat import chat_format, stop_token_ids
 from tempering.inference.engine import LocalEngine, SamplingParams, make_engine
 from tempering.models.loading import load_model, load_tokenizer
 
@@ -131,12 +131,12 @@ def hf_arm(
 
 def build_arms(args, model, tokenizer, model_dir: str) -> tuple[dict, list[VLLMArm]]:
     """(arm, precision) -> a callable(prompts, samples, max_new) -> (tokens, wall); the vLLM processes."""
-    stops = list(make_engine(model, tokenizer).stop_ids)
+    stops = list(stop_token_ids(tokenizer, model))  # the ones the engine stops on
     pad = tokenizer.pad_token_id
     arms, workers = {}, []
     for precision in args.precision:
         dtype = DTYPES[precision]
-        engine = make_engine(model, tokenizer, dtype=dtype if dtype != torch.float32 else None)
+        engine = make_engine(model, tokenizer, dtype=dtype)  # float32: the model's own
         arms["engine", precision] = lambda p, s, m, e=engine: engine_arm(e, p, s, m)
         if not args.no_hf:
             hf = model if dtype == torch.float32 else copy.deepcopy(model).to(dtype)

@@ -27,17 +27,17 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def run(name: str, argv: list[str], timeout: float) -> tuple[str, str]:
-    """Run one part; (its status line, its output's tail)."""
+def run(name: str, argv: list[str], timeout: float) -> tuple[bool, str, str]:
+    """Run one part; (whether it passed, its status line, its output's tail)."""
     started = time.perf_counter()
     try:
         done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=max(timeout, 1))
     except subprocess.TimeoutExpired:
-        return f"{name}: TIMED OUT after {timeout:.0f} s", ""
+        return False, f"{name}: TIMED OUT after {timeout:.0f} s", ""
     seconds = time.perf_counter() - started
     tail = (done.stdout + done.stderr).strip().splitlines()
     status = "ok" if done.returncode == 0 else f"FAILED (rc {done.returncode})"
-    return f"{name}: {status} in {seconds:.0f} s", "\n".join(tail[-12:])
+    return done.returncode == 0, f"{name}: {status} in {seconds:.0f} s", "\n".join(tail[-12:])
 
 
 def main() -> int:
@@ -114,8 +114,8 @@ def main() -> int:
         )
         for name, argv, share in parts:
             left = deadline - time.perf_counter()
-            status, tail = run(name, argv, min(left, share * args.budget_s) if share < 1 else left)
-            failed |= "ok" not in status
+            ok, status, tail = run(name, argv, min(left, share * args.budget_s) if share < 1 else left)
+            failed |= not ok
             lines += [status, *("    " + line for line in tail.splitlines())]
         metrics = run_dir / "metrics.jsonl"
         if metrics.exists():
