@@ -20,6 +20,10 @@ $(STAMP): pyproject.toml Makefile
 	@command -v bwrap >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
 		(apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null) || \
 		echo "note: bubblewrap is not installed; the sandbox will use process isolation (see tempering sandbox doctor)"; }
+	@# The engine builds its bf16 decode-attention kernel with g++ at first use; without it, it uses SDPA.
+	@command -v g++ >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+		(apt-get update -qq && apt-get install -y -qq g++ >/dev/null) || \
+		echo "note: g++ is not installed; bf16 sampling will use SDPA's attention (see inference/kernels)"; }
 	$(PYTHON) -m venv $(VENV)
 	@if [ "$(TORCH_SPEC)" != "none" ]; then $(BIN)/pip install -q --disable-pip-version-check $(TORCH_SPEC); fi
 	$(BIN)/pip install -q --disable-pip-version-check -e .

@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from tempering.inference.kernels import decode_attention_for
+
 FAMILY = ("llama", "mistral", "qwen2", "qwen3")
 """`config.model_type`s whose decoder layers are: norm, attention (q/k/v projections, optional per-head q/k
 norms, rotary embedding, o projection), residual, norm, gated MLP, residual."""
@@ -47,6 +49,11 @@ class LlamaDecoder:
         (B, 1, T, width) is true; keys and values go into `cache` (the engine's `SlotCache`, batch already set)."""
         b, t = ids.shape
         hidden = self.embed(ids)
+        kernel, lengths = None, None
+        if t == 1 and hidden.dtype == torch.bfloat16 and hidden.device.type == "cpu":
+            # one token attends to every position up to its own: the kernel, where it runs (else SDPA)
+            kernel = decode_attention_for(self.head_dim, self.queries // (self.heads - self.queries))
+            lengths = positions[:, 0] + 1
         cos, sin = self.rotary(hidden, positions)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # (B, 1, T, D): broadcast over heads
         shape = (b, t, -1, self.head_dim)
@@ -65,7 +72,10 @@ class LlamaDecoder:
                 q, k = _rotate(q.transpose(1, 2), cos, sin), _rotate(k.transpose(1, 2), cos, sin)
                 v = attn.v_proj(x).view(shape).transpose(1, 2)
             k, v = cache.update(k, v, index)
-            out, _ = self.attention(attn, q, k, v, mask, attn.scaling)
+            if kernel is not None:  # (B, Hkv, G, D): the query heads of each key head together
+                out = kernel(q.reshape(b, k.shape[1], -1, self.head_dim), k, v, lengths, attn.scaling)
+            else:
+                out, _ = self.attention(attn, q, k, v, mask, attn.scaling)
             hidden = hidden + attn.o_proj(out.reshape(b, t, -1).contiguous())
             x = layer.post_attention_layernorm(hidden)
             if hasattr(mlp, "gate_up_proj"):  # the packed bf16 copy: gate and up one matmul

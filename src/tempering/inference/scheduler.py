@@ -52,7 +52,8 @@ def slot_attention(
     """Attention over the slot cache. A decode step (one query token) in fp32 batches the heads that share
     a key/value head together (no copy of the keys per query head, unlike `repeat_kv`; faster than SDPA's
     CPU kernel there: measured 19 vs 26 ms of a 32-row SmolLM2 decode step); a prefill chunk, and a bf16
-    decode step (SDPA 17 ms, the batched matmuls 32: they copy the keys), use SDPA.
+    decode step (SDPA 17 ms, the batched matmuls 32: they copy the keys), use SDPA - the Llama family's own
+    forward (`decoder.py`) takes its bf16 decode steps to the kernel of `kernels/` instead, where it runs.
 
     query (B, H, T, D), key and value (B, Hkv, W, D), attention_mask (B, 1, T, W) bool -> (B, T, H, D)."""
     b, h, t, d = query.shape
