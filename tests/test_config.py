@@ -184,7 +184,6 @@ BAD_VALUES = [
         {"rollout": {"max_staleness": 1}, "algo": {"dynamic_sampling": True}},
         "rollout.max_staleness: asynchronous",
     ),
-    ({"rollout": {"engine": "vllm"}, "distributed": {"backend": "ray"}}, "distributed.backend: 'ray' with"),
     ({"algo": {"correction": "is"}}, "'algo.correction'"),
     ({"algo": {"correction_cap": 0}}, "'algo.correction_cap'"),
     ({"distributed": {"backend": "dask"}}, "'distributed.backend'"),

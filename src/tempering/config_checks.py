@@ -265,8 +265,3 @@ def _check_distributed(cfg: RunConfig) -> None:
             raise ValueError(
                 "distributed.backend: 'ray' needs the ray package (pip install 'tempering[ray]')"
             )
-        if ro.engine == "vllm":
-            raise ValueError(
-                "distributed.backend: 'ray' with rollout.engine 'vllm' is not built yet; use the local "
-                "engine in the workers, or vllm with the local backend"
-            )

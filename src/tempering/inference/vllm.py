@@ -66,7 +66,7 @@ class VLLMEngine:
         *,
         version: int = 0,
         lora_scaling: float | None = None,
-        max_model_len: int = 4096,
+        max_model_len: int | None = None,
         **options,
     ):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -96,7 +96,7 @@ class VLLMEngine:
                 model=str(source),
                 dtype="float32" if device == "cpu" else "auto",
                 seed=0,
-                max_model_len=max_model_len,
+                **({"max_model_len": max_model_len} if max_model_len else {}),  # None: the model's own
                 logprobs_mode="processed_logprobs",
                 gpu_memory_utilization=options.pop("gpu_memory_utilization", 0.2 if device == "cpu" else 0.5),
                 **options,
