@@ -143,7 +143,7 @@ def main() -> None:
     if args.record:
         write_record(
             args.record,
-            name="step-vs-trl-smollm2",
+            name="trl-step",
             figure=f"SmolLM2 RL step: {ratio:.2f}x TRL GRPOTrainer's, bf16 both",
             unit="x",
             value=round(ratio, 3),
