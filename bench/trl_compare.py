@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 from ceiling import update_ceiling  # bench/, beside this script
-from phase_times import COMMON, ROOT, phases, tempering
+from phase_times import COMMON, ROOT, tempering
 from record import write_record
 
 from tempering.checkpoint import resolve_model
@@ -55,13 +55,12 @@ def tempering_arm(run_dir: Path, steps: int) -> dict[str, list[float]]:
         per["update"].append(row.get("timing_s/update", 0.0))
         per["step"].append(row["timing_s/step"])
         per["tokens"].append(row["response_length/mean"])
-    assert phases(run_dir)  # the run wrote its timings
     return per
 
 
-def trl_job(run_dir: Path, model_dir: Path, out_dir: Path) -> dict:
-    """TRL's job: the recipe's settings and tempering's prompts of each step, in order, with their tasks."""
-    cfg = load_config(ROOT / RECIPE)
+def trl_job(cfg, run_dir: Path, model_dir: Path, out_dir: Path) -> dict:
+    """TRL's job: the recipe's (`cfg`) settings and tempering's prompts of each step, in order, with their
+    tasks."""
     tasks = {t.id: t for t in load_tasks(run_dir / "data" / "train.jsonl")}
     tokenizer = load_tokenizer(model_dir)
     fmt = chat_format(tokenizer, "auto")
@@ -110,7 +109,8 @@ def main() -> None:
     parser.add_argument("--trl", default=".venv-trl/bin/python", help="python of the TRL venv (`make trl`)")
     parser.add_argument("--record", metavar="PATH", help="also write the step ratio as a result record")
     args = parser.parse_args()
-    model_dir = resolve_model(load_config(ROOT / RECIPE).model.name)
+    cfg = load_config(ROOT / RECIPE)
+    model_dir = resolve_model(cfg.model.name)
     work = Path(tempfile.mkdtemp(prefix="trl-compare-"))
     runs: dict[str, dict[str, list[float]]] = {"tempering": defaultdict(list), "TRL": defaultdict(list)}
     version = "?"
@@ -118,10 +118,10 @@ def main() -> None:
         run_dir = work / f"tempering-{r}"
         for key, values in tempering_arm(run_dir, args.steps).items():
             runs["tempering"][key] += values
-        per, version = trl_arm(args.trl, trl_job(run_dir, model_dir, work / f"trl-{r}"), work)
+        per, version = trl_arm(args.trl, trl_job(cfg, run_dir, model_dir, work / f"trl-{r}"), work)
         for key, values in per.items():
             runs["TRL"][key] += values
-    rows = 64
+    rows = cfg.rollout.prompts_per_step * cfg.rollout.group_size  # a step's rows
     tokens = statistics.mean(runs["tempering"]["tokens"]) * rows
     ceiling = update_ceiling(load_model(model_dir), int(tokens), torch.bfloat16)
     print(
