@@ -6,6 +6,10 @@ bf16 alike. In the engine's packed bf16 copy, q, k and v are one matmul, and so 
 (`engine.fuse`). The modules themselves (projections, norms, activation, rotary embedding) are called as
 they are, so LoRA layers, pre-packed bf16 projections and biases behave as in the model's own forward. Any
 other architecture runs the model's own forward (`LlamaDecoder.of` returns None).
+
+A bf16 one-token step on a CPU with the kernels of `kernels/` runs them: in the packed copy, each layer is
+its four matmuls and three kernels (`_step`; norms, rotary, cache write, attention, activation, residuals),
+rounded where transformers' ops round; elsewhere (a LoRA or unpacked copy) the attention alone is a kernel.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from tempering.inference.kernels import decode_attention_for
+from tempering.inference.kernels import decode_ops_for
 
 FAMILY = ("llama", "mistral", "qwen2", "qwen3")
 """`config.model_type`s whose decoder layers are: norm, attention (q/k/v projections, optional per-head q/k
@@ -32,6 +36,8 @@ class LlamaDecoder:
             config.num_key_value_heads or config.num_attention_heads
         )  # query + key heads
         self.attention = attention
+        self.groups = self.queries // (self.heads - self.queries)
+        self.norms = _norms(self.layers, self.norm) if _packed(self.layers, self.norm, config) else None
 
     @classmethod
     def of(cls, model, attention) -> LlamaDecoder | None:
@@ -51,8 +57,11 @@ class LlamaDecoder:
         hidden = self.embed(ids)
         kernel, lengths = None, None
         if t == 1 and hidden.dtype == torch.bfloat16 and hidden.device.type == "cpu":
-            # one token attends to every position up to its own: the kernel, where it runs (else SDPA)
-            kernel = decode_attention_for(self.head_dim, self.queries // (self.heads - self.queries))
+            # one token attends to every position up to its own: the kernels, where they run (else SDPA)
+            ops = decode_ops_for(self.head_dim, self.groups)
+            if ops is not None and self.norms is not None:
+                return self._step(ops, hidden.view(b, -1), positions, cache).view(b, 1, -1)
+            kernel = None if ops is None else ops.decode_attention
             lengths = positions[:, 0] + 1
         cos, sin = self.rotary(hidden, positions)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # (B, 1, T, D): broadcast over heads
@@ -84,6 +93,53 @@ class LlamaDecoder:
             else:
                 hidden = hidden + mlp.down_proj(mlp.act_fn(mlp.gate_proj(x)) * mlp.up_proj(x))
         return self.norm(hidden)
+
+    def _step(self, ops, hidden: Tensor, positions: Tensor, cache) -> Tensor:
+        """A one-token step of the packed bf16 copy, hidden (B, H) -> the final norm's output (B, H): per layer,
+        rms_norm | qkv | rope_attend (rotary, cache write, attention) | o | add_rms_norm | gate_up | silu_mul |
+        down | add_rms_norm (the next layer's input norm, or the final one), the residual stream in place."""
+        b = hidden.shape[0]
+        cos, sin = (c.reshape(b, -1) for c in self.rotary(hidden[:, None], positions))
+        where, norms = positions[:, 0].contiguous(), self.norms
+        assert norms is not None
+        alone = torch.arange(b, device=hidden.device)
+        leader, shared, order = cache.groups or (alone, torch.zeros_like(alone), alone)
+        x = ops.rms_norm(hidden, *norms[0])
+        for index, layer in enumerate(self.layers):
+            attn, mlp = layer.self_attn, layer.mlp
+            keys, values = cache.buffers(index)
+            qkv = attn.qkv_proj(x)
+            out = ops.rope_attend(
+                qkv, cos, sin, keys, values, where, cache.lo, attn.scaling, self.groups, leader, shared, order
+            )
+            x = ops.add_rms_norm(hidden, attn.o_proj(out).contiguous(), *norms[2 * index + 1])
+            up = mlp.down_proj(ops.silu_mul(mlp.gate_up_proj(x))).contiguous()
+            x = ops.add_rms_norm(hidden, up, *norms[2 * index + 2])
+        return x
+
+
+RMS_NORMS = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm")
+"""transformers' norms that compute y = w * bf16(x * rsqrt(mean(x^2) + eps)), as the kernels do."""
+
+
+def _packed(layers: list, final, config) -> bool:
+    """Whether every layer is the packed bf16 copy's (`engine.fuse`) with the kernels' norms, activation and
+    sizes (multiples of 16), so that a one-token step can run `LlamaDecoder._step`."""
+    if getattr(config, "hidden_act", None) != "silu" or config.hidden_size % 16:
+        return False
+    norms = [m for layer in layers for m in (layer.input_layernorm, layer.post_attention_layernorm)] + [final]
+    return all(
+        hasattr(layer.self_attn, "qkv_proj")
+        and hasattr(layer.mlp, "gate_up_proj")
+        and layer.mlp.gate_up_proj.out_features % 32 == 0
+        for layer in layers
+    ) and all(type(m).__name__ in RMS_NORMS and m.weight.dtype == torch.bfloat16 for m in norms)
+
+
+def _norms(layers: list, final) -> list[tuple[Tensor, float]]:
+    """(weight, eps) of the norms in the order a step meets them: input, post-attention per layer, final."""
+    modules = [m for layer in layers for m in (layer.input_layernorm, layer.post_attention_layernorm)]
+    return [(m.weight.detach(), float(m.variance_epsilon)) for m in modules + [final]]
 
 
 def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:

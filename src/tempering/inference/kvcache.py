@@ -34,12 +34,17 @@ class SlotCache:
         self.lo, self.hi, self.width = 0, 0, 0
         self._write: Tensor | None = None  # (B, T) positions the batch's new tokens are written at
         self._at: Tensor | None = None  # the same places as rows of a buffer's (-1, D) view, (B * H * T,)
+        self.groups: tuple[Tensor, ...] | None = None
 
-    def set_batch(self, lo: int, hi: int, write: Tensor, width: int) -> None:
+    def set_batch(
+        self, lo: int, hi: int, write: Tensor, width: int, groups: tuple[Tensor, ...] | None = None
+    ) -> None:
         """The next forward covers slots [lo, hi); its tokens go to positions `write` (B, T); attention reads
-        positions [0, width)."""
+        positions [0, width). `groups` (leader, shared, order), each (B,): row b's first shared[b] positions
+        are the same as row leader[b]'s, and `order` lists the rows with those of a group together - for a
+        kernel that reads a group's shared positions once (`kernels`, `rope_attend`); None: each row alone."""
         self.ensure(hi, max(width, int(write.max()) + 1))
-        self.lo, self.hi, self.width = lo, hi, width
+        self.lo, self.hi, self.width, self.groups = lo, hi, width, groups
         self._write = write
         self._at = None  # known at the first layer (the number of key/value heads)
 
@@ -62,6 +67,11 @@ class SlotCache:
         k.view(-1, d).index_copy_(0, at, key.reshape(-1, d))  # in place, one kernel per tensor
         v.view(-1, d).index_copy_(0, at, value.reshape(-1, d))
         return k[self.lo : self.hi, :, : self.width], v[self.lo : self.hi, :, : self.width]
+
+    def buffers(self, layer_idx: int) -> tuple[Tensor, Tensor]:
+        """Layer `layer_idx`'s whole key and value buffers (slots, H, length, D), allocated by an earlier
+        `update`: for a kernel that writes the batch's keys and values itself, at `set_batch`'s positions."""
+        return self.k[layer_idx], self.v[layer_idx]
 
     def ensure(self, slots: int, length: int) -> None:
         """Room for `slots` sequences of `length` positions (grown by doubling; contents kept)."""

@@ -5,6 +5,11 @@ request's seed), not from a generator shared by the batch: a row's tokens then d
 its context and the weights - not on which rows share the step, nor on when it joined the batch. (The
 floats of a batched forward may still differ in the last bits with the batch's shape; see
 docs/concepts/determinism.md.)
+
+bf16 logits on a CPU with the kernels of `kernels/` are sampled there (`sample_rows`: the same draw, in one
+pass over each row's logits, its weights in fp32; measured 0.5 vs 5.2 ms for 32 rows of SmolLM2's 49,152
+tokens), unless a row asks for top-p or top log-probs. fp32 logits (an fp32 engine) always take the ATen
+path below, so their draws do not move.
 """
 
 from __future__ import annotations
@@ -13,6 +18,8 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+
+from tempering.inference.kernels import decode_ops
 
 BLOCK = 64
 """Uniform numbers drawn from a row's generator at a time."""
@@ -49,6 +56,11 @@ def sample(
     logits: Tensor, temperature: Tensor, top_p: Tensor, uniforms: Tensor, top_logprobs: int = 0
 ) -> Sampled:
     """logits (B, V), temperature (B,) (0 = greedy), top_p (B,), uniforms (B,) -> one token per row."""
+    if logits.dtype == torch.bfloat16 and logits.device.type == "cpu" and top_logprobs <= 0:
+        ops = decode_ops()
+        if ops is not None and not bool((top_p < 1.0).any()):
+            tokens, logprobs = ops.sample_rows(logits.contiguous(), temperature.float(), uniforms.float())
+            return Sampled(tokens, logprobs)
     logits = logits.float()
     greedy = temperature <= 0
     scaled = not bool(((temperature == 1.0) | greedy).all())  # dividing by 1 changes nothing: a pass saved

@@ -19,6 +19,7 @@ batches).
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -88,6 +89,10 @@ class _Row:
     ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     reused: int = 0
+    group: int = -1
+    """Rows of one group (copies of one prompt's computed cache) share it; a row alone is a group of its own."""
+    shared: int = 0
+    """How many first positions of the cache the row's group holds alike (its prompt's)."""
 
 
 @dataclass
@@ -125,6 +130,7 @@ class Scheduler:
         self.kept: list[_Kept] = []  # done sequences kept for their next turn, least recently used first
         self.lock = threading.Lock()
         self.prefilled = 0  # prompt tokens computed (for metrics: reuse shows as fewer)
+        self.groups = itertools.count()
         self.on_step = on_step or (lambda rows: None)
 
     def use(self, model) -> None:
@@ -241,10 +247,13 @@ class Scheduler:
             self._take_slot(slot, beyond)
             row.reused = self._reuse(row, slot)
         logits = self._compute(distinct, n)  # (d, V)
+        for row in distinct:
+            row.group, row.shared = next(self.groups), len(row.tokens)
         for slot, (row, source) in enumerate(copies, n + len(distinct)):
             self._take_slot(slot, beyond)
             self.cache.copy(n + distinct.index(source), slot, len(source.tokens))
             row.tokens, row.reused = list(source.tokens), len(source.tokens)
+            row.group, row.shared = source.group, source.shared
         self.rows += distinct + [row for row, _ in copies]
         index = {id(row): i for i, row in enumerate(distinct)}
         self._sample(
@@ -312,15 +321,25 @@ class Scheduler:
         lengths = torch.tensor([len(r.tokens) for r in self.rows], device=device)
         ids = torch.tensor([[r.next] for r in self.rows], device=device)
         mask = torch.arange(int(lengths.max()) + 1, device=device)[None] <= lengths[:, None]  # (n, width)
-        hidden = self._forward(ids, lengths[:, None], mask[:, None, None], 0)[:, -1]  # (n, H)
+        first: dict[int, int] = {}
+        leader = [first.setdefault(r.group, i) for i, r in enumerate(self.rows)]
+        groups = (
+            torch.tensor(leader, device=device),
+            torch.tensor([r.shared for r in self.rows], device=device),
+            torch.tensor(sorted(range(n), key=leader.__getitem__), device=device),  # a group's rows together
+        )
+        hidden = self._forward(ids, lengths[:, None], mask[:, None, None], 0, groups)[:, -1]  # (n, H)
         for r in self.rows:
             r.tokens.append(r.next)
         self._sample(self.rows, self._logits(hidden), offset=0)
 
-    def _forward(self, ids: Tensor, positions: Tensor, mask: Tensor, lo: int) -> Tensor:
+    def _forward(
+        self, ids: Tensor, positions: Tensor, mask: Tensor, lo: int, groups: tuple[Tensor, ...] | None = None
+    ) -> Tensor:
         """The decoder's last hidden states (B, T, H) for tokens `ids` at `positions` of slots [lo, lo + B),
-        attending where `mask` (B, 1, T, width) is true; their keys and values go into the cache."""
-        self.cache.set_batch(lo, lo + len(ids), positions, mask.shape[-1])
+        attending where `mask` (B, 1, T, width) is true; their keys and values go into the cache. `groups`:
+        which rows hold their first positions alike (`SlotCache.set_batch`)."""
+        self.cache.set_batch(lo, lo + len(ids), positions, mask.shape[-1], groups)
         if self.fast is not None:
             return self.fast(ids, positions, mask, self.cache)
         return self.decoder(
