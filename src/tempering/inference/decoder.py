@@ -14,6 +14,8 @@ rounded where transformers' ops round; elsewhere (a LoRA or unpacked copy) the a
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
@@ -38,6 +40,18 @@ class LlamaDecoder:
         self.attention = attention
         self.groups = self.queries // (self.heads - self.queries)
         self.norms = _norms(self.layers, self.norm) if _packed(self.layers, self.norm, config) else None
+        self.plan = [  # each layer's four projections, as functions
+            tuple(
+                _function(m)
+                for m in (
+                    layer.self_attn.qkv_proj,
+                    layer.self_attn.o_proj,
+                    layer.mlp.gate_up_proj,
+                    layer.mlp.down_proj,
+                )
+            )
+            for layer in (self.layers if self.norms is not None else [])
+        ]
 
     @classmethod
     def of(cls, model, attention) -> LlamaDecoder | None:
@@ -105,16 +119,14 @@ class LlamaDecoder:
         alone = torch.arange(b, device=hidden.device)
         leader, shared, order = cache.groups or (alone, torch.zeros_like(alone), alone)
         x = ops.rms_norm(hidden, *norms[0])
-        for index, layer in enumerate(self.layers):
-            attn, mlp = layer.self_attn, layer.mlp
+        scale, lo = self.layers[0].self_attn.scaling, cache.lo
+        for index, (qkv, o, gate_up, down) in enumerate(self.plan):
             keys, values = cache.buffers(index)
-            qkv = attn.qkv_proj(x)
             out = ops.rope_attend(
-                qkv, cos, sin, keys, values, where, cache.lo, attn.scaling, self.groups, leader, shared, order
+                qkv(x), cos, sin, keys, values, where, lo, scale, self.groups, leader, shared, order
             )
-            x = ops.add_rms_norm(hidden, attn.o_proj(out).contiguous(), *norms[2 * index + 1])
-            up = mlp.down_proj(ops.silu_mul(mlp.gate_up_proj(x))).contiguous()
-            x = ops.add_rms_norm(hidden, up, *norms[2 * index + 2])
+            x = ops.add_rms_norm(hidden, o(out).contiguous(), *norms[2 * index + 1])
+            x = ops.add_rms_norm(hidden, down(ops.silu_mul(gate_up(x))).contiguous(), *norms[2 * index + 2])
         return x
 
 
@@ -134,6 +146,11 @@ def _packed(layers: list, final, config) -> bool:
         and layer.mlp.gate_up_proj.out_features % 32 == 0
         for layer in layers
     ) and all(type(m).__name__ in RMS_NORMS and m.weight.dtype == torch.bfloat16 for m in norms)
+
+
+def _function(module) -> Callable[[Tensor], Tensor]:
+    """A projection as a function of a contiguous x: a packed one's op called directly (`as_function`)."""
+    return module.as_function() if hasattr(module, "as_function") else module
 
 
 def _norms(layers: list, final) -> list[tuple[Tensor, float]]:

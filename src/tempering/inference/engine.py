@@ -264,6 +264,12 @@ class _PackedLinear(torch.nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.weight, self.bias, "none", [], "")
 
+    def as_function(self) -> Callable[[Tensor], Tensor]:
+        """`forward` of a contiguous x without nn.Module's call machinery: a SmolLM2 decode step calls 120 of
+        them (`inference.decoder`), whose module calls took 1.5 ms of a 50 ms step."""
+        op, weight, bias = torch.ops.mkldnn._linear_pointwise.default, self.weight, self.bias
+        return lambda x: op(x, weight, bias, "none", [], "")
+
 
 ENGINES = ("local", "vllm", "http")
 

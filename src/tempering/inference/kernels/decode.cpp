@@ -71,9 +71,11 @@ struct Pairing {
 };
 static const Pairing pairing;
 
-static inline __m512 hsum16(__m512* a) {
+static inline __attribute__((always_inline)) __m512 hsum16(__m512* a) {
+#pragma GCC unroll 4
   for (int level = 0, n = 16; level < 4; ++level, n /= 2) {
     const __m512i lo = _mm512_load_si512(pairing.lo[level]), hi = _mm512_load_si512(pairing.hi[level]);
+#pragma GCC unroll 8
     for (int i = 0; i < n / 2; ++i)
       a[i] = _mm512_add_ps(_mm512_permutex2var_ps(a[2 * i], lo, a[2 * i + 1]),
                            _mm512_permutex2var_ps(a[2 * i], hi, a[2 * i + 1]));
@@ -94,11 +96,21 @@ static void score(const uint16_t* q, int64_t qs, const uint16_t* k, int64_t ks, 
     for (int64_t j0 = from; j0 < to; j0 += 16) {
       const int64_t count = std::min<int64_t>(16, to - j0);
       __m512 a[16];
-      for (int j = 0; j < 16; ++j) {
-        a[j] = _mm512_setzero_ps();
-        if (j < count)  // (past n: not read - it may lie past the buffer)
+      if (count == 16) {
+#pragma GCC unroll 16
+        for (int j = 0; j < 16; ++j) {
+          a[j] = _mm512_setzero_ps();
+#pragma GCC unroll 4
           for (int c = 0; c < C; ++c)
             a[j] = _mm512_dpbf16_ps(a[j], (__m512bh)qv[c], (__m512bh)_mm512_loadu_si512(k + (j0 + j) * ks + c * 32));
+        }
+      } else {
+        for (int j = 0; j < 16; ++j) {
+          a[j] = _mm512_setzero_ps();
+          if (j < count)  // (past n: not read - it may lie past the buffer)
+            for (int c = 0; c < C; ++c)
+              a[j] = _mm512_dpbf16_ps(a[j], (__m512bh)qv[c], (__m512bh)_mm512_loadu_si512(k + (j0 + j) * ks + c * 32));
+        }
       }
       const __mmask16 keep = count == 16 ? __mmask16(0xFFFF) : __mmask16((1u << count) - 1);
       const __m512 x = _mm512_mul_ps(hsum16(a), sc);
