@@ -19,9 +19,11 @@ in the same run (`bench/ceiling.py`).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import os
+import signal
 import statistics
 import subprocess
 import time
@@ -67,6 +69,7 @@ class VLLMArm:
             stderr=open(os.environ.get("VLLM_LOG", os.devnull), "a"),
             text=True,
             env=env,
+            start_new_session=True,  # vLLM's engine and worker processes with it: `close` ends them all
         )
         self.dtype = self._reply()["dtype"]  # what vLLM itself says it runs in
 
@@ -87,7 +90,10 @@ class VLLMArm:
         return reply["tokens"], reply["wall"]
 
     def close(self) -> None:
-        self.process.kill()
+        """End the worker and the processes vLLM started under it (left running, they took the CPU and
+        memory of every later run: found as four live workers after four runs)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait()
 
 
@@ -129,11 +135,12 @@ def hf_arm(
     return int((~after).sum()), wall
 
 
-def build_arms(args, model, tokenizer, model_dir: str) -> tuple[dict, list[VLLMArm]]:
-    """(arm, precision) -> a callable(prompts, samples, max_new) -> (tokens, wall); the vLLM processes."""
+def build_arms(args, model, tokenizer, model_dir: str, workers: list[VLLMArm]) -> dict:
+    """(arm, precision) -> a callable(prompts, samples, max_new) -> (tokens, wall); the vLLM processes
+    started go into `workers` as they start (for the caller to close, even if a later one fails)."""
     stops = list(stop_token_ids(tokenizer, model))  # the ones the engine stops on
     pad = tokenizer.pad_token_id
-    arms, workers = {}, []
+    arms = {}
     for precision in args.precision:
         dtype = DTYPES[precision]
         engine = make_engine(model, tokenizer, dtype=dtype)  # float32: the model's own
@@ -146,7 +153,7 @@ def build_arms(args, model, tokenizer, model_dir: str) -> tuple[dict, list[VLLMA
             print(f"vLLM {precision}: the worker runs in {worker.dtype}", flush=True)
             workers.append(worker)
             arms["vLLM", precision] = worker
-    return arms, workers
+    return arms
 
 
 def main() -> None:
@@ -170,12 +177,13 @@ def main() -> None:
     model, tokenizer = load_model(model_dir, device=args.device).eval(), load_tokenizer(model_dir)
     fmt = chat_format(tokenizer, "auto")
     tasks = humaneval_tasks()
-    arms, workers = build_arms(args, model, tokenizer, str(model_dir))
-    warm = [fmt.start(tasks[-1].prompt)[0]]
-    for arm in arms.values():
-        arm(warm, 2, 8)
     rates: dict[str, float] = {}
+    workers: list[VLLMArm] = []
     try:
+        arms = build_arms(args, model, tokenizer, str(model_dir), workers)
+        warm = [fmt.start(tasks[-1].prompt)[0]]
+        for arm in arms.values():
+            arm(warm, 2, 8)
         for max_new in args.max_new:
             for n in args.prompts:
                 prompts = [fmt.start(t.prompt)[0] for t in tasks[:n]]
