@@ -6,9 +6,9 @@ its context and the weights - not on which rows share the step, nor on when it j
 floats of a batched forward may still differ in the last bits with the batch's shape; see
 docs/concepts/determinism.md.)
 
-bf16 logits on a CPU with the kernels of `kernels/` are sampled there (`sample_rows`: the same draw, in one
-pass over each row's logits, its weights in fp32; measured 0.5 vs 5.2 ms for 32 rows of SmolLM2's 49,152
-tokens), unless a row asks for top-p or top log-probs. fp32 logits (an fp32 engine) always take the ATen
+bf16 logits on a CPU with the kernels of `kernels/` are sampled there (`sample_rows`: the same inverse-CDF
+draw in one pass over each row's logits, its weights in fp32; measured 0.5 vs 5.2 ms for 32 rows of
+SmolLM2's 49,152 tokens), unless a row asks for top-p or top log-probs. fp32 logits (an fp32 engine) always take the ATen
 path below, so their draws do not move.
 """
 
