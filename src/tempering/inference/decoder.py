@@ -53,6 +53,11 @@ class LlamaDecoder:
             for layer in (self.layers if self.norms is not None else [])
         ]
 
+    @property
+    def fused(self) -> bool:
+        """Whether a bf16 one-token step can run `_step` (the packed copy); the kernels decide at the step."""
+        return self.norms is not None
+
     @classmethod
     def of(cls, model, attention) -> LlamaDecoder | None:
         """The fast forward for `model` (a transformers causal LM, peft's base model included), attending with
@@ -73,7 +78,7 @@ class LlamaDecoder:
         if t == 1 and hidden.dtype == torch.bfloat16 and hidden.device.type == "cpu":
             # one token attends to every position up to its own: the kernels, where they run (else SDPA)
             ops = decode_ops_for(self.head_dim, self.groups)
-            if ops is not None and self.norms is not None:
+            if ops is not None and self.fused:
                 return self._step(ops, hidden.view(b, -1), positions, cache).view(b, 1, -1)
             kernel = None if ops is None else ops.decode_attention
             lengths = positions[:, 0] + 1

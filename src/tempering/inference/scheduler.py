@@ -321,17 +321,23 @@ class Scheduler:
         lengths = torch.tensor([len(r.tokens) for r in self.rows], device=device)
         ids = torch.tensor([[r.next] for r in self.rows], device=device)
         mask = torch.arange(int(lengths.max()) + 1, device=device)[None] <= lengths[:, None]  # (n, width)
-        first: dict[int, int] = {}
-        leader = [first.setdefault(r.group, i) for i, r in enumerate(self.rows)]
-        groups = (
-            torch.tensor(leader, device=device),
-            torch.tensor([r.shared for r in self.rows], device=device),
-            torch.tensor(sorted(range(n), key=leader.__getitem__), device=device),  # a group's rows together
-        )
+        groups = self._groups() if self.fast is not None and self.fast.fused else None
         hidden = self._forward(ids, lengths[:, None], mask[:, None, None], 0, groups)[:, -1]  # (n, H)
         for r in self.rows:
             r.tokens.append(r.next)
         self._sample(self.rows, self._logits(hidden), offset=0)
+
+    def _groups(self) -> tuple[Tensor, Tensor, Tensor]:
+        """(leader, shared, order) of the running rows for `SlotCache.set_batch`: a group's first row in slot
+        order leads it, and the order visits a group's rows together."""
+        first: dict[int, int] = {}
+        leader = [first.setdefault(r.group, i) for i, r in enumerate(self.rows)]
+        device = self.device
+        return (
+            torch.tensor(leader, device=device),
+            torch.tensor([r.shared for r in self.rows], device=device),
+            torch.tensor(sorted(range(len(leader)), key=leader.__getitem__), device=device),
+        )
 
     def _forward(
         self, ids: Tensor, positions: Tensor, mask: Tensor, lo: int, groups: tuple[Tensor, ...] | None = None

@@ -159,9 +159,9 @@ static void weigh_all(const float* p, int64_t n, const uint16_t* shared, int64_t
 }
 
 template <int C>
-static void score_both(const uint16_t* q, int64_t qs, const uint16_t* ks_, int64_t s, const uint16_t* k, int64_t ks,
-                       int64_t n, int64_t G, float scale, float* scores, float* m) {
-  score<C>(q, qs, ks_, ks, 0, s, n, G, scale, scores, m);
+static void score_both(const uint16_t* q, int64_t qs, const uint16_t* k_shared, int64_t s, const uint16_t* k,
+                       int64_t ks, int64_t n, int64_t G, float scale, float* scores, float* m) {
+  score<C>(q, qs, k_shared, ks, 0, s, n, G, scale, scores, m);
   score<C>(q, qs, k, ks, s, n, n, G, scale, scores, m);
 }
 
@@ -185,13 +185,13 @@ static void attend(const uint16_t* q, int64_t qs, const uint16_t* k_shared, cons
     default: score_both<4>(q, qs, k_shared, s, k, kvs, n, G, scale, scores, m); break;
   }
   for (int64_t g = 0; g < G; ++g) {  // the weights e^(s - max), in place, and 1 / their sum
-    float* s = scores + g * n;
+    float* row = scores + g * n;
     const __m512 mv = _mm512_set1_ps(m[g]);
     __m512 tv = _mm512_setzero_ps();
     for (int64_t j = 0; j < n; j += 16) {
       const __mmask16 r = n - j >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - j)) - 1);
-      const __m512 e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(r, s + j), mv));
-      _mm512_mask_storeu_ps(s + j, r, e);
+      const __m512 e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(r, row + j), mv));
+      _mm512_mask_storeu_ps(row + j, r, e);
       tv = _mm512_add_ps(tv, _mm512_maskz_mov_ps(r, e));
     }
     inv[g] = 1.f / _mm512_reduce_add_ps(tv);
