@@ -35,15 +35,20 @@ def tempering(*args: str) -> None:
     subprocess.run([sys.executable, "-m", "tempering.cli", *args], check=True, cwd=ROOT)
 
 
+def reuse_eval_before(run_dir: Path, out: Path, seed: int) -> None:
+    """The evaluation before RL is the same for every run of a seed that starts from one model (same model,
+    tasks, seed, settings: the run checks its recorded key and evaluates again if anything differs), so
+    a run of `out` copies the first one's (`out/*-s{seed}/eval_before.json`)."""
+    done = sorted(out.glob(f"*-s{seed}/eval_before.json"))
+    if done and not (run_dir / "eval_before.json").is_file():
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "eval_before.json").write_bytes(done[0].read_bytes())
+
+
 def run(algo: str, seed: int, sft: Path, out: Path, budget_s: float) -> dict:
     run_dir = out / f"{algo}-s{seed}"
     if not (run_dir / "summary.json").is_file():
-        # The evaluation before RL is the same for every method of a seed (same model, tasks, seed, settings:
-        # the run checks its recorded key and evaluates again if anything differs); done once per seed.
-        done = sorted(out.glob(f"*-s{seed}/eval_before.json"))
-        if done and not (run_dir / "eval_before.json").is_file():
-            run_dir.mkdir(parents=True, exist_ok=True)
-            (run_dir / "eval_before.json").write_bytes(done[0].read_bytes())
+        reuse_eval_before(run_dir, out, seed)
         tempering(
             "train",
             f"configs/algos/{algo}.yaml",

@@ -24,8 +24,9 @@ LEAVES = {
     "errors.py": {"errors.py"},
     "types.py": {"errors.py"},
     "registry.py": {"errors.py", "types.py"},
-    "config.py": {"errors.py", "config_sections.py"},
+    "config.py": {"errors.py", "config_sections.py", "config_algo.py"},
     "config_sections.py": set(),
+    "config_algo.py": {"config_sections.py"},
 }
 """Leaf module -> the only tempering files it may import."""
 PURE = "algos"

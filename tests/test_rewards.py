@@ -260,3 +260,40 @@ def test_weights_params_and_penalty_apply_to_multi_turn_episodes(sandbox):
     # Unset weights: the environment's own (code: tests 1.0, format 0.1).
     [r] = RewardFunction().score([multi_turn(sandbox, task(), ["    return x * x\n"], RewardFunction())])
     assert r.score == pytest.approx(1.1) and set(r.components) >= {"tests", "format", "improvement"}
+
+
+def test_the_coin_control_keeps_the_mean_and_the_real_scores_but_no_signal(sandbox):
+    right, wrong = "    return x * x\n", "    return x\n"
+    completions = [right] * 30 + [wrong] * 90  # a real mean of 0.25 (tests only)
+    real_fn = RewardFunction({"tests": 1.0}, params={"tests": {"partial": "never"}})
+    coin_fn = RewardFunction({"tests": 1.0}, params={"tests": {"partial": "never"}}, control="coin")
+    eps = episodes(sandbox, task(), completions, real_fn)
+    for i, e in enumerate(eps):
+        e.group_id = i // 8
+    real, coin = real_fn.score(eps), coin_fn.score(eps)
+    assert [r.score for r in real] == [1.0] * 30 + [0.0] * 90
+    assert {r.score for r in coin} == {0.0, 1.0}
+    assert 0.15 < sum(r.score for r in coin) / len(coin) < 0.35  # the same mean, flipped
+    assert [r.info["real"] for r in coin] == [r.score for r in real]
+    assert [r.components["tests"] for r in coin] == [r.components["tests"] for r in real]
+    heads_right = sum(r.score for r in coin[:30]) / 30
+    heads_wrong = sum(r.score for r in coin[30:]) / 90
+    assert abs(heads_right - heads_wrong) < 0.3  # the coin does not know which program was right
+    assert [r.score for r in coin_fn.score(eps)] == [r.score for r in coin]  # resumed: the same coins
+    assert all(r.info["outcome"] == r.score for r in coin)
+    with pytest.raises(ValueError, match="reward.control must be none or coin"):
+        RewardFunction(control="dice")
+
+
+def test_the_format_reward_of_an_answer_task_is_a_marked_answer_that_ended():
+    from tempering.rewards import well_formed
+    from tempering.types import Attempt
+
+    t = Task(id="a", domain="gcd", env="reasoning_gym", prompt="GCD of 4, 6?\nAnswer: ", answer="2")
+
+    def fmt(text, truncated=False):
+        return well_formed(t, Attempt(task=t, group_id=0, completion=text, truncated=truncated))
+
+    assert fmt("<answer>2</answer>") == fmt("so the answer is 3.") == fmt("\\boxed{7}") == 1.0
+    assert fmt("2") == fmt("I think it is two") == 0.0  # right or wrong, unmarked
+    assert fmt("<answer>2</answer>", truncated=True) == 0.0

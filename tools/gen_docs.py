@@ -148,7 +148,9 @@ def config_page() -> str:
     from tempering.config import RunConfig
 
     lines = [
-        header("Configuration", "`src/tempering/config_sections.py`").rstrip("\n"),
+        header("Configuration", "`src/tempering/config_sections.py`, `src/tempering/config_algo.py`").rstrip(
+            "\n"
+        ),
         "",
         "A run reads one YAML file (`tempering train FILE`) and then dotted overrides "
         "(`tempering train FILE algo.lr=3e-5 run.dir=runs/x`). A file may start from another with "

@@ -184,7 +184,10 @@ def cmd_data_pass_rates(args: argparse.Namespace) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({**rates, "config": str(args.config)}, indent=1) + "\n")
     for name, f in sorted(rates["families"].items(), key=lambda kv: -kv[1]["pass_rate"]):
-        print(f"{name:24s} {f['pass_rate']:6.1%}  ({f['tasks']} tasks x {rates['samples']})")
+        print(
+            f"{name:24s} {f['pass_rate']:6.1%}  pass@{rates['samples']} {f['pass@k']:6.1%}  "
+            f"({f['tasks']} tasks x {rates['samples']})"
+        )
     print(
         f"wrote {out}: {len(rates['families'])} families, {rates['tasks']} tasks, overall {rates['pass@1']:.1%}"
     )

@@ -13,16 +13,15 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError, ValidationInfo, model_validator
 
+from tempering.config_algo import AlgoSection, RewardSection
 from tempering.config_sections import (
     AgentSection,
-    AlgoSection,
     CheckpointSection,
     DataSection,
     DistributedSection,
     EnvSection,
     EvalSection,
     ModelSection,
-    RewardSection,
     RolloutSection,
     RunSection,
     SandboxSection,

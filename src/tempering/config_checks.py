@@ -217,19 +217,25 @@ def _check_data(cfg: RunConfig) -> None:
     low, high = d.pass_range
     if not 0.0 <= low <= high <= 1.0:
         raise ValueError(f"data.pass_range: [{low}, {high}] is not a range within [0, 1]")
-    if (d.templates is not None or d.describe) and d.generator != "code":
-        raise ValueError(
-            f"data.{'templates' if d.templates is not None else 'describe'}: applies to the built-in "
-            f"code generator, not data.generator={d.generator}"
-        )
-    if d.templates is not None:
-        from tempering.data.generators import TEMPLATES
+    if len(set(d.generators)) < len(d.generators) or not d.generators:
+        raise ValueError(f"data.generator: name each generator once, got {d.generator}")
+    code_only = {
+        "templates": d.templates,
+        "heldout_templates": d.heldout_templates,
+        "describe": d.describe or None,
+    }
+    for key, value in code_only.items():
+        if value is not None and "code" not in d.generators:
+            raise ValueError(
+                f"data.{key}: applies to the built-in code generator, not data.generator={d.generator}"
+            )
+    from tempering.data.generators import TEMPLATES
 
-        unknown = sorted(set(d.templates) - {t.name for t in TEMPLATES})
+    for key in ("templates", "heldout_templates"):
+        unknown = sorted(set(getattr(d, key) or ()) - {t.name for t in TEMPLATES})
         if unknown:
             raise ValueError(
-                f"data.templates: unknown template(s) {unknown}; valid: "
-                f"{', '.join(t.name for t in TEMPLATES)}"
+                f"data.{key}: unknown template(s) {unknown}; valid: {', '.join(t.name for t in TEMPLATES)}"
             )
     from tempering.data.benchmarks import BENCHMARKS
 

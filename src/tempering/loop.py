@@ -19,6 +19,7 @@ import torch
 from tempering.algos import AdvantageInputs, group_mean_std, kl_reward, masked_whiten
 from tempering.algos.correction import rollout_correction
 from tempering.config import RunConfig
+from tempering.data.tasks import spread_over_domains
 from tempering.distributed.schedule import behaviour_version, shard_specs, staleness_metrics
 from tempering.errors import Preempted
 from tempering.eval.evaluate import validation_metrics
@@ -271,16 +272,17 @@ class RLTrainer:
             )
 
     def validate(self, step: int) -> dict[str, float]:
-        """Held-out pass@1 on the first `eval.val_tasks` tasks: sampled (2 per task) and greedy."""
+        """Held-out pass@1 on `eval.val_tasks` tasks, domains in turn: sampled (2 per task) and greedy; the domain
+        monitor (a mixture run) reads it and may change the mixture's weights for the next steps."""
         cfg, engine = self.cfg, self.engine
         rollout, engine.sampling = (
             engine.sampling,
             SamplingParams(cfg.eval.temperature, 1.0, cfg.rollout.max_new_tokens),
         )
         try:  # the policy's own engine (one cache), at the evaluation's temperature meanwhile
-            return validation_metrics(
+            metrics, per_task = validation_metrics(
                 engine,
-                self.heldout_tasks[: cfg.eval.val_tasks],
+                spread_over_domains(self.heldout_tasks, cfg.eval.val_tasks),
                 self.ctx,
                 seed=step_seed(cfg.run.seed, step, 2),
                 max_context=cfg.env.max_context,
@@ -288,6 +290,13 @@ class RLTrainer:
             )
         finally:
             engine.sampling = rollout
+        monitor = self.state.monitor
+        if monitor is not None:
+            alerts = monitor.observe(step, per_task)
+            for alert in alerts:
+                self.log(alert.line())
+            metrics |= monitor.metrics(alerts)
+        return metrics
 
     # ---------------------------------------------------------------------------------- the loop
 

@@ -297,6 +297,7 @@ def measure_pass_rates(cfg: RunConfig, per_family: int, samples: int, seed: int)
         "pass@1": report.overall["pass@1"],
         "wall_time_s": round(time.perf_counter() - began, 1),
         "families": family_rates(tasks, report.per_task, report.samples),
+        "domains": family_rates(tasks, report.per_task, report.samples, key=lambda t: t.domain),
     }
 
 

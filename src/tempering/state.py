@@ -20,6 +20,7 @@ from tempering import config_history
 from tempering.algos import ADVANTAGE_ESTIMATORS, KLController, lookup, needs_critic
 from tempering.config import RunConfig
 from tempering.data import MixtureSampler, TaskSampler
+from tempering.eval.monitor import DomainMonitor
 from tempering.models.loading import load_model, load_tokenizer
 from tempering.models.lora import add_adapters
 from tempering.training.critic import Critic
@@ -91,6 +92,8 @@ class TrainState:
     pool_metrics: dict[str, float] = field(default_factory=dict)
     """The rollout pool's figures not yet in a row when the checkpoint was taken (gathering the look-ahead
     batches checks the weight sync: `sync/canary_max_abs_diff`); the next row reports them, resumed or not."""
+    monitor: DomainMonitor | None = None
+    """A mixture run with periodic validation: the domain monitor that sets the mixture's weights."""
 
     @classmethod
     def build_or_resume(
@@ -140,9 +143,13 @@ class TrainState:
             critic_dir = latest.path / "critic" if latest else start_model_dir
             state.critic = Critic.from_pretrained(critic_dir, dtype=cfg.model.dtype, device=cfg.run.device)
             state.critic_optimizer = make_optimizer(state.critic, lr=algo.critic.lr)
+        if isinstance(state.sampler, MixtureSampler) and cfg.eval.every:
+            state.monitor = DomainMonitor(state.sampler, cfg.eval.monitor_boost)
         if latest is not None:
             saved = latest.load_into(state.optimizer, state.scheduler)
             state.sampler.load_state_dict(saved["sampler"])
+            if state.monitor is not None:
+                state.monitor.load_state_dict(saved.get("monitor", {}))
             if "kl" in saved:
                 state.kl.load_state_dict(saved["kl"])
             if state.critic_optimizer is not None:
@@ -199,6 +206,7 @@ class TrainState:
                 trainer_state={
                     "sampler": self.sampler.state_dict(),
                     "kl": self.kl.state_dict(),
+                    **({"monitor": self.monitor.state_dict()} if self.monitor is not None else {}),
                     **({"pool_metrics": dict(pool_metrics)} if pool_metrics else {}),
                 },
                 config_yaml=config_yaml,

@@ -11,6 +11,7 @@ from rich.table import Table
 
 from tempering import config_history
 from tempering.eval.intervals import format_gain, pass_intervals
+from tempering.eval.monitor import alerts_of
 from tempering.tracking import read_metrics
 from tempering.tracking.plot import plot_run
 from tempering.workspace import Workspace, write_json
@@ -64,6 +65,8 @@ def write_summary(
         summary["wall_time_split_s"]["benchmarks"] = sum(
             b["wall_time_s"] + a["wall_time_s"] for b, a in benchmarks.values()
         )
+    if ws.cfg.data.mixture and ws.cfg.eval.every:
+        summary["monitor"] = monitor_summary(rows)
     history = config_history.read_history(ws.run_dir)
     if history:
         summary["config_changes"] = history
@@ -80,6 +83,19 @@ def write_summary(
         rows, ws.run_dir / "plot.png", before=val_before, after=val_after, temperature=ws.cfg.eval.temperature
     )
     return summary
+
+
+def monitor_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The domain monitor's alerts over the run and the mixture weights it left (`eval/monitor.py`)."""
+    last = next((r for r in reversed(rows) if "monitor/alerts" in r), {})
+    weights = {
+        k.split("/")[1]: v for k, v in last.items() if k.startswith("monitor/") and k.endswith("/weight")
+    }
+    return {
+        "validations": sum("monitor/alerts" in r for r in rows),
+        "alerts": alerts_of(rows),
+        "weights": weights,
+    }
 
 
 def heldout_intervals(before: dict, after: dict, domains: dict[str, str]) -> dict[str, Any]:
@@ -146,6 +162,15 @@ def print_summary(console: Console, summary: dict[str, Any]) -> None:
             *([format_gain(b["intervals"]["gain"])] if intervals else []),
         )
     console.print(table)
+    monitor = summary.get("monitor")
+    if monitor:
+        console.print(
+            f"domain monitor: {len(monitor['alerts'])} alert(s) over {monitor['validations']} validations"
+        )
+        for a in monitor["alerts"]:
+            console.print(
+                f"  step {a['step']}: {a['domain']} fell to {a['pass@1']:.1%}, weight {a['weight']:g}"
+            )
     console.print(f"wall time {summary['wall_time_s']:.0f} s")
     evaluated, planned = summary.get("rl_step_evaluated"), summary.get("rl_steps_planned")
     if evaluated is not None and planned is not None and evaluated < planned:

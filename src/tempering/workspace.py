@@ -150,11 +150,11 @@ def _read_tasks(cfg: RunConfig, run_dir: Path) -> tuple[list[Task], list[Task]]:
     train = load_tasks(cfg.data.train_file, cfg.data.columns) if cfg.data.train_file else None
     heldout = load_tasks(cfg.data.heldout_file, cfg.data.columns) if cfg.data.heldout_file else None
     run_dir_data = run_dir / "data" / "heldout.jsonl"
-    if (train is None or heldout is None) and run_dir_data.is_file() and cfg.data.generator != "code":
+    if (train is None or heldout is None) and run_dir_data.is_file() and cfg.data.generators != ["code"]:
         # Generated once (reasoning-gym takes a while): a resumed run reads its own task files.
         train = train if train is not None else load_tasks(run_dir / "data" / "train.jsonl")
         heldout = heldout if heldout is not None else load_tasks(run_dir_data)
-    rates = load_pass_rates(cfg.data.pass_rates) if cfg.data.pass_rates else None
+    rates = load_pass_rates(cfg.data.pass_rates, cfg.data.pass_key) if cfg.data.pass_rates else None
     if train is None or heldout is None:
         gen_train, gen_heldout = builtin_tasks(cfg, rates)
         train = train if train is not None else gen_train
@@ -176,25 +176,54 @@ def recorded_start(run_dir: Path, model_path: str) -> Path | None:
 
 
 def builtin_tasks(cfg: RunConfig, rates: dict[str, float] | None = None) -> tuple[list[Task], list[Task]]:
-    """(train, held-out) from the generator named by `data.generator`; given the measured pass `rates`, the
+    """(train, held-out) from the generators named by `data.generator`; given the measured pass `rates`, the
     code generator draws only from templates in `data.pass_range` (so `data.num_train` / `num_heldout` are
     what a run gets)."""
+    names = cfg.data.generators
+    parts = [_generated(cfg, name, rates) for name in names]
+    if len(parts) == 1:
+        return parts[0]
+    owner: dict[str, str] = {}
+    train: list[Task] = []
+    heldout: list[Task] = []
+    for name, (tr, he) in zip(names, parts):
+        for domain in sorted({t.domain for t in tr + he}):
+            if owner.setdefault(domain, name) != name:
+                raise ConfigError(
+                    f"data.generator: {owner[domain]} and {name} both make tasks of domain '{domain}'; "
+                    "join generators whose domains differ"
+                )
+        train += [t.model_copy(update={"id": f"{name}:{t.id}"}) for t in tr]
+        heldout += [t.model_copy(update={"id": f"{name}:{t.id}"}) for t in he]
+    return train, heldout
+
+
+def _generated(
+    cfg: RunConfig, generator: str, rates: dict[str, float] | None
+) -> tuple[list[Task], list[Task]]:
+    """One generator's (train, held-out)."""
     d = cfg.data
     try:
-        if d.generator == "code":
+        if generator == "code":
             templates = _templates_in_range(cfg, rates) if rates is not None else d.templates
             return generate_tasks(
-                d.num_train, d.num_heldout, d.seed, d.domains, templates=templates, describe=d.describe
+                d.num_train,
+                d.num_heldout,
+                d.seed,
+                d.domains,
+                templates=templates,
+                heldout_templates=d.heldout_templates,
+                describe=d.describe,
             )
-        if d.generator == "tools":
+        if generator == "tools":
             from tempering.envs.tool_tasks import generate_tool_tasks
 
             return generate_tool_tasks(d.num_train, d.num_heldout, d.seed)
-        if d.generator == "leetcode":
+        if generator == "leetcode":
             from tempering.data.leetcode import leetcode_tasks
 
             return leetcode_tasks(d.num_train, d.num_heldout, d.seed, d.difficulties)
-        if d.generator == "answer":
+        if generator == "answer":
             from tempering.envs.answer import generate_answer_tasks
 
             return generate_answer_tasks(d.num_train, d.num_heldout, d.seed, d.domains)
@@ -210,7 +239,7 @@ def builtin_tasks(cfg: RunConfig, rates: dict[str, float] | None = None) -> tupl
             max_prompt_chars=d.gym_max_prompt_chars,
         )
     except (ValueError, ImportError) as e:
-        raise ConfigError(f"data ({d.generator} tasks): {e}") from None
+        raise ConfigError(f"data ({generator} tasks): {e}") from None
 
 
 def _templates_in_range(cfg: RunConfig, rates: dict[str, float]) -> list[str]:

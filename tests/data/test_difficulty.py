@@ -31,7 +31,26 @@ def test_family_rates_pool_a_familys_tasks():
     a, b = [t for t in train if family(t) == "add"][:2]
     c = next(t for t in train if family(t) == "sort")
     rates = family_rates([a, b, c], {a.id: 4, b.id: 1, c.id: 0}, samples=4)
-    assert rates == {"add": {"pass_rate": 5 / 8, "tasks": 2}, "sort": {"pass_rate": 0.0, "tasks": 1}}
+    assert rates == {
+        "add": {"pass_rate": 5 / 8, "pass@k": 1.0, "tasks": 2},
+        "sort": {"pass_rate": 0.0, "pass@k": 0.0, "tasks": 1},
+    }
+    d = next(t for t in train if family(t) == "add" and t.id not in (a.id, b.id))
+    rates = family_rates([a, d, c], {a.id: 2, d.id: 0, c.id: 1}, samples=4, key=lambda t: t.domain)
+    assert rates["arithmetic"] == {"pass_rate": 2 / 8, "pass@k": 0.5, "tasks": 2}
+
+
+def test_a_gym_task_s_family_is_its_dataset_and_pass_key_picks_the_rate(tmp_path):
+    t = Task(id="gcd-7", domain="gcd", env="reasoning_gym", prompt="?", metadata={"dataset": "gcd"})
+    assert family(t) == "gcd"
+    path = tmp_path / "rates.json"
+    path.write_text(json.dumps({"families": {"gcd": {"pass_rate": 0.05, "pass@k": 0.375, "tasks": 8}}}))
+    assert load_pass_rates(path) == {"gcd": 0.05}
+    assert load_pass_rates(path, "pass@k") == {"gcd": 0.375}
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({"families": {"gcd": {"pass_rate": 0.05, "tasks": 8}}}))
+    with pytest.raises(ConfigError, match="not a pass-rates file .*pass@k"):
+        load_pass_rates(old, "pass@k")
 
 
 def test_in_range_drops_measured_families_outside_and_keeps_unmeasured_ones(tmp_path):

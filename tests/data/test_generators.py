@@ -93,3 +93,56 @@ def test_templates_keep_only_the_named_families_in_both_splits():
         generate_tasks(10, 5, templates=["add", "nope"])
     with pytest.raises(ValueError, match="no function to hold out"):
         generate_tasks(10, 5, templates=["reverse_list"])
+
+
+def test_heldout_templates_hold_out_whole_families_never_trained_on():
+    held = ["affine", "reverse", "sort"]
+    train, heldout = generate_tasks(300, 60, seed=3, heldout_templates=held)
+    assert {t.metadata["template"] for t in heldout} == set(held)
+    assert not {t.metadata["template"] for t in train} & set(held)
+    assert {t.metadata["template"] for t in train} >= {"add", "mul", "upper"}  # every other family, whole
+    # with `templates` too, the held-out families come along (they are evaluated, not trained)
+    train, heldout = generate_tasks(50, 20, seed=3, templates=["add", "mul"], heldout_templates=["sub"])
+    assert {t.metadata["template"] for t in train} == {"add", "mul"}
+    assert {t.metadata["template"] for t in heldout} == {"sub"}
+    with pytest.raises(ValueError, match="unknown template.*'nope'"):
+        generate_tasks(10, 5, heldout_templates=["nope"])
+
+
+def test_heldout_templates_are_checked_when_the_config_loads():
+    from tempering.config import load_config
+    from tempering.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"data.heldout_templates: unknown template\(s\) \['nope'\]"):
+        load_config(None, ["data.heldout_templates=[nope]"])
+    with pytest.raises(ConfigError, match="data.heldout_templates: applies to the built-in code generator"):
+        load_config(None, ["data.heldout_templates=[add]", "data.generator=answer"])
+
+
+def test_a_list_of_generators_joins_their_tasks_and_refuses_a_shared_domain():
+    from tempering.config import load_config
+    from tempering.errors import ConfigError
+    from tempering.workspace import builtin_tasks
+
+    pytest.importorskip("reasoning_gym")
+    joint = [
+        "data.generator=[reasoning_gym, code]",
+        "data.gym_datasets=[gcd, basic_arithmetic]",
+        "data.num_train=40",
+        "data.num_heldout=12",
+        "data.gym_heldout_per_domain=2",
+    ]
+    train, heldout = builtin_tasks(load_config(None, joint))
+    assert {t.domain for t in train} == {"gcd", "basic_arithmetic", *DOMAINS}
+    assert {t.env for t in train} == {"reasoning_gym", "code"}
+    assert sum(t.id.startswith("reasoning_gym:gcd-") for t in heldout) == 2
+    assert sum(t.id.startswith("code:heldout-") for t in heldout) == 12
+    assert len({t.id for t in train + heldout}) == len(train) + len(heldout)
+    # code and answer both make "arithmetic" tasks: one line naming both
+    with pytest.raises(ConfigError, match="code and answer both make tasks of domain 'arithmetic'"):
+        builtin_tasks(load_config(None, ["data.generator=[code, answer]", "data.num_train=20"]))
+    with pytest.raises(ConfigError, match="name each generator once"):
+        load_config(None, ["data.generator=[code, code]"])
+    with pytest.raises(ConfigError, match="data.describe: applies to the built-in code generator"):
+        load_config(None, ["data.generator=[tools, answer]", "data.describe=true"])
+    load_config(None, ["data.generator=[tools, code]", "data.describe=true"])  # code is among them

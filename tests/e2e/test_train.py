@@ -319,6 +319,7 @@ def test_pass_rates_choose_the_tasks_and_benchmarks_are_evaluated_before_and_aft
     measured = json.loads(rates.read_text())
     assert measured["samples"] == 2 and len(measured["families"]) == 47
     assert {f["tasks"] for f in measured["families"].values()} == {1}
+    assert len(measured["domains"]) == 6 and sum(d["tasks"] for d in measured["domains"].values()) == 47
     # A random tiny model solves nothing: a range above 0 leaves nothing to train on - one line, nothing written.
     run_dir = tmp_path / "run"
     proc = train_tiny(run_dir, f"data.pass_rates={rates}", "data.pass_range=[0.5, 1.0]", check=False)

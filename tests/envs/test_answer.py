@@ -10,6 +10,14 @@ def test_extract_answer_prefers_the_tag_then_the_last_answer_line():
     assert extract_answer("\n  1 2\n3 4\n") == "1 2\n3 4"  # a grid spans lines
 
 
+def test_extract_answer_reads_a_stated_answer_when_nothing_marks_one():
+    assert extract_answer("120 = 8 * 15, so the answer is 12. The final answer is 8.") == "8"
+    assert extract_answer("The answer is: 2") == "2"
+    assert extract_answer("The answer is 7.\nAnswer: 9") == "9"  # a marked answer wins
+    assert extract_answer("<answer>3</answer> The answer is 4.") == "3"
+    assert extract_answer("an answer isn't given") == "an answer isn't given"
+
+
 def test_countdown_checks_numbers_and_target():
     assert check_countdown("3*5+7", [3, 5, 7], 22) == (True, "")
     ok, why = check_countdown("5*5-3", [3, 5, 7], 22)

@@ -127,6 +127,20 @@ def test_answers_score_as_their_verifier_says_in_the_sandbox():
     assert score_gym_answers(items) == pytest.approx(expected)
 
 
+def test_an_answer_that_contains_the_oracle_earns_nothing_unless_it_is_the_oracle():
+    """reasoning-gym's base scorer gives len(oracle) / len(answer) for containing it: a policy learned to
+    answer "21" to every GCD question (0.5 on each GCD of 1 or 2). The 33 datasets that use it score
+    exact matches only; datasets with their own scorer keep it (string_insertion's partial credit above)."""
+    from tempering.envs.gym import score_gym_answers
+
+    [task], _ = gym_tasks(["gcd"], 1, 0, seed=0)
+    task.metadata["entry"]["answer"] = task.answer = "1"
+    ratio = next(t for t in gym_tasks(["course_schedule"], 4, 0, seed=0)[0])
+    other = "False" if ratio.answer == "True" else "True"
+    items = [(task, "1"), (task, "21"), (task, "1 2 3 4 5 6"), (ratio, f"{ratio.answer} {other}")]
+    assert score_gym_answers(items) == [1.0, 0.0, 0.0, 0.0]
+
+
 def test_a_verifier_result_counts_only_from_a_clean_execution():
     from tempering.envs.gym import verified_score
 
@@ -165,3 +179,27 @@ def test_the_verifier_pool_is_opened_by_the_sandbox_factory(monkeypatch):
     assert (section.workers, section.isolation, section.url) == (3, "process", None)
     assert gym.limits_of(section) == gym.VERIFIER_LIMITS and section.memory_mb == 1024
     assert kw["preload"] == (gym.VERIFIER_MODULE,) and str(gym.VERIFIER_DIR) in kw["python_path"]
+
+
+def test_generation_writes_nothing_into_the_working_directory(tmp_path, monkeypatch):
+    """Some generators write scratch files where they run (temp_parameters.txt): not into the user's
+    directory. A dataset that writes one at every entry stands in for them."""
+    import reasoning_gym
+
+    real = reasoning_gym.create_dataset
+
+    def scribbling(name, **kw):
+        ds = real(name, **kw)
+
+        class Scribbling:
+            def __getitem__(self, i):
+                Path("temp_parameters.txt").write_text("scratch")
+                return ds[i]
+
+        return Scribbling()
+
+    monkeypatch.setattr(reasoning_gym, "create_dataset", scribbling)
+    monkeypatch.chdir(tmp_path)
+    train, heldout = gym_tasks(["basic_arithmetic"], 3, 1, seed=0)
+    assert len(train) == 3 and len(heldout) == 1
+    assert list(tmp_path.iterdir()) == [] and Path.cwd() == tmp_path

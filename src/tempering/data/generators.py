@@ -249,11 +249,13 @@ def split_functions(
     domains: list[str] | None = None,
     heldout_fraction: float = 0.25,
     templates: list[str] | None = None,
+    heldout_templates: list[str] | None = None,
 ) -> tuple[list[Function], list[Function]]:
     """Every function of every template (of `domains`, of `templates`), split into (train, held-out) by seed.
 
     Templates with fewer than 5 functions are train-only: holding one out would test a template the model
-    has never seen rather than a new instance of a known one.
+    has never seen rather than a new instance of a known one. With `heldout_templates` the split is by
+    family instead: their functions are all held out, every other template's all trained on.
     """
     rng = random.Random(f"split:{seed}")
     train, heldout = [], []
@@ -263,6 +265,9 @@ def split_functions(
         if templates is not None and template.name not in templates:
             continue
         fns = [Function(template, body, text) for body, text in template.functions()]
+        if heldout_templates is not None:
+            (heldout if template.name in heldout_templates else train).extend(fns)
+            continue
         rng.shuffle(fns)
         n_hold = int(len(fns) * heldout_fraction) if len(fns) >= 5 else 0
         heldout += fns[:n_hold]
@@ -301,20 +306,26 @@ def generate_tasks(
     domains: list[str] | None = None,
     *,
     templates: list[str] | None = None,
+    heldout_templates: list[str] | None = None,
     describe: bool = False,
 ) -> tuple[list[Task], list[Task]]:
     """(train, held-out) task lists; no held-out function appears among the training tasks. `templates`
     keeps only the named templates; `describe` states in the docstring what the function does ("Return x
-    plus 7."), above the examples - a task an instruction-tuned model can read, not only infer."""
+    plus 7."), above the examples - a task an instruction-tuned model can read, not only infer.
+    `heldout_templates`: hold out these whole families (`split_functions`)."""
     unknown = set(domains or ()) - set(DOMAINS)
     if unknown:
         raise ValueError(f"unknown domain(s) {sorted(unknown)}; valid: {', '.join(DOMAINS)}")
-    unknown = set(templates or ()) - {t.name for t in TEMPLATES}
+    unknown = (set(templates or ()) | set(heldout_templates or ())) - {t.name for t in TEMPLATES}
     if unknown:
         raise ValueError(
             f"unknown template(s) {sorted(unknown)}; valid: {', '.join(t.name for t in TEMPLATES)}"
         )
-    train_fns, heldout_fns = split_functions(seed, domains, templates=templates)
+    if heldout_templates is not None and templates is not None:
+        templates = sorted(set(templates) | set(heldout_templates))
+    train_fns, heldout_fns = split_functions(
+        seed, domains, templates=templates, heldout_templates=heldout_templates
+    )
     if not train_fns or not heldout_fns:
         raise ValueError(
             "data.domains and data.templates leave no function to "

@@ -55,7 +55,8 @@ class MixtureSampler:
     a resumed run continues the same sequence.
 
     `weights` maps domains to weights; the key `*` gives every unlisted domain that weight (default 0:
-    unlisted domains are not drawn)."""
+    unlisted domains are not drawn). `weights` (the attribute, {domain: weight}) may change during a run
+    (the domain monitor, `eval/monitor.py`); it is part of the state, `base` keeps the configured ones."""
 
     def __init__(self, tasks: list[Task], weights: dict[str, float], seed: int):
         by_domain: dict[str, list[Task]] = {}
@@ -68,20 +69,26 @@ class MixtureSampler:
         self.domains = sorted(d for d in by_domain if weights.get(d, default) > 0)
         if not self.domains:
             raise ValueError("data.mixture gives no domain a positive weight")
-        self.weights = [float(weights.get(d, default)) for d in self.domains]
+        self.base = {d: float(weights.get(d, default)) for d in self.domains}
+        self.weights = dict(self.base)
         self.samplers = {d: TaskSampler(by_domain[d], seed=seed) for d in self.domains}
         self.seed, self.draws = seed, 0
 
     def next_batch(self, n: int) -> list[Task]:
         batch = []
         for _ in range(n):
-            domain = random.Random(f"mixture:{self.seed}:{self.draws}").choices(self.domains, self.weights)[0]
+            weights = [self.weights[d] for d in self.domains]
+            domain = random.Random(f"mixture:{self.seed}:{self.draws}").choices(self.domains, weights)[0]
             self.draws += 1
             batch.append(self.samplers[domain].next_batch(1)[0])
         return batch
 
     def state_dict(self) -> dict[str, Any]:
-        return {"draws": self.draws, "domains": {d: s.state_dict() for d, s in self.samplers.items()}}
+        return {
+            "draws": self.draws,
+            "domains": {d: s.state_dict() for d, s in self.samplers.items()},
+            "weights": dict(self.weights),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if sorted(state.get("domains", {})) != self.domains:
@@ -90,5 +97,6 @@ class MixtureSampler:
                 f"this run mixes {self.domains}"
             )
         self.draws = int(state["draws"])
+        self.weights = {d: float(w) for d, w in state.get("weights", self.base).items()}
         for d, s in state["domains"].items():
             self.samplers[d].load_state_dict(s)

@@ -174,3 +174,19 @@ def split_stages(tasks: list[Task], sft_fraction: float, seed: int) -> tuple[lis
     if not sft or not rl:
         raise ValueError(f"data.sft_fraction={sft_fraction} leaves no tasks for one of the stages")
     return sft, rl
+
+
+def spread_over_domains(tasks: list[Task], n: int) -> list[Task]:
+    """`n` tasks taken a domain at a time, in turn (domains in order of first appearance, each domain's tasks
+    in their order): the validation subset, so a held-out list grouped by domain (reasoning-gym's) is
+    validated in every domain. A list that already takes its domains in turn is cut unchanged."""
+    by_domain: dict[str, list[Task]] = {}
+    for task in tasks:
+        by_domain.setdefault(task.domain, []).append(task)
+    out: list[Task] = []
+    queues = [list(reversed(v)) for v in by_domain.values()]
+    while len(out) < n and any(queues):
+        for queue in queues:
+            if queue and len(out) < n:
+                out.append(queue.pop())
+    return out

@@ -29,6 +29,7 @@ class RolloutSource:
             guard_kinds=r.guard_kinds,
             penalty=r.penalty,
             step_fn=r.step_fn,
+            control=r.control,
         )
         self.ctx = env_context(cfg, sandbox, self.reward_fn.needs)
         sampling = SamplingParams(cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.max_new_tokens)

@@ -13,26 +13,11 @@ import ast
 import math
 import operator
 import random
-import re
 from collections import Counter
 
 from tempering.envs.base import Environment, Step, register
+from tempering.rewards.answers import extract_answer
 from tempering.types import Task
-
-_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.S)
-_BOXED = re.compile(r"\\boxed\{((?:[^{}]|\{[^{}]*\})*)\}")
-
-
-def extract_answer(action: str) -> str:
-    """The answer in an action: inside the last `<answer>...</answer>`, else the last `\\boxed{...}` (MATH),
-    else the text after the last `####` (GSM8K) or `Answer:`, else the whole text - stripped (answers may
-    span lines: a matrix, a grid)."""
-    tagged = _ANSWER_TAG.findall(action) or _BOXED.findall(action)
-    if tagged:
-        return tagged[-1].strip()
-    if "####" in action:
-        return action.rsplit("####", 1)[-1].strip()
-    return action.rsplit("Answer:", 1)[-1].strip()
 
 
 def _number(text: str) -> float | None:
@@ -106,7 +91,8 @@ class AnswerEnv(Environment):
 
     def reset(self, task: Task) -> str:
         self.task, self.turn = task, 0
-        return task.prompt
+        instruction = self.ctx.options.get("answer_instruction")
+        return f"{task.prompt.rstrip()}\n\n{instruction}" if instruction else task.prompt
 
     def judge(self, answer: str) -> tuple[float, str]:
         """(score in [0, 1], why it is wrong)."""

@@ -6,7 +6,9 @@ dataset's own verifier. What the adapter fixes (measured on reasoning-gym 0.1.25
 `composite` is a mixer, not a task family, and is left out; `list_functions` draws from the global
 `random` module, so it is seeded per entry; `arc_agi`/`rearc` compare tuples that JSON turns into lists;
 `game_of_life_halting`'s verifier gives full credit to any non-empty answer and is replaced by an exact
-match; a verifier that raises on a malformed answer scores 0. Not fixed: five generators
+match; the base scorer that 33 datasets keep (gcd, syllogism, course_schedule, ...) gives
+len(oracle) / len(answer) to any answer containing the oracle - a policy learned to answer "21" to every
+GCD - and scores exact matches only here; a verifier that raises on a malformed answer scores 0. Not fixed: five generators
 (isomorphic_strings, knight_swap, polynomial_multiplication, ransom_note, word_ladder) iterate over sets of
 strings, so their tasks depend on PYTHONHASHSEED; a run directory keeps the tasks it generated
 (RUN_DIR/data), so its resumes see the same ones - set PYTHONHASHSEED for identical sets across runs.
@@ -25,6 +27,7 @@ process.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -32,6 +35,7 @@ import random
 import site
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 from typing import Any
@@ -216,33 +220,48 @@ def gym_tasks(
         )
     train: list[Task] = []
     heldout: list[Task] = []
-    for name in names:
-        kwargs = (config or {}).get(name, {})
-        want = per_domain_train + per_domain_heldout
-        ds = rg.create_dataset(name, seed=seed, size=4 * want, **kwargs)
-        picked: list[Task] = []
-        seen: set[str] = set()
-        for i in range(4 * want):
-            if len(picked) == want:
-                break
-            random.seed(f"{seed}:{name}:{i}")  # list_functions draws from the global generator
-            entry = json.loads(json.dumps(ds[i], default=str))
-            question = entry["question"]
-            if len(question) > max_prompt_chars or question in seen:
-                continue
-            seen.add(question)
-            picked.append(
-                Task(
-                    id=f"{name}-{i}",
-                    domain=name,
-                    env="reasoning_gym",
-                    prompt=f"{question}\nAnswer: ",
-                    answer=entry.get("answer"),
-                    reference_solution=entry.get("answer"),
-                    metadata={"dataset": name, "entry": entry, "config": kwargs},
-                )
+    # Some generators write scratch files into the working directory (temp_parameters.txt): not the user's.
+    with tempfile.TemporaryDirectory(prefix="tempering-gym-") as scratch, contextlib.chdir(scratch):
+        for name in names:
+            picked = _entries(
+                rg,
+                name,
+                (config or {}).get(name, {}),
+                per_domain_train + per_domain_heldout,
+                seed,
+                max_prompt_chars,
             )
-        cut = min(per_domain_train, max(1, len(picked) - per_domain_heldout)) if picked else 0
-        train += picked[:cut]
-        heldout += picked[cut:]
+            cut = min(per_domain_train, max(1, len(picked) - per_domain_heldout)) if picked else 0
+            train += picked[:cut]
+            heldout += picked[cut:]
     return train, heldout
+
+
+def _entries(
+    rg, name: str, kwargs: dict[str, Any], want: int, seed: int, max_prompt_chars: int
+) -> list[Task]:
+    """Up to `want` tasks of one dataset, distinct questions no longer than `max_prompt_chars`."""
+    ds = rg.create_dataset(name, seed=seed, size=4 * want, **kwargs)
+    picked: list[Task] = []
+    seen: set[str] = set()
+    for i in range(4 * want):
+        if len(picked) == want:
+            break
+        random.seed(f"{seed}:{name}:{i}")  # list_functions draws from the global generator
+        entry = json.loads(json.dumps(ds[i], default=str))
+        question = entry["question"]
+        if len(question) > max_prompt_chars or question in seen:
+            continue
+        seen.add(question)
+        picked.append(
+            Task(
+                id=f"{name}-{i}",
+                domain=name,
+                env="reasoning_gym",
+                prompt=f"{question}\nAnswer: ",
+                answer=entry.get("answer"),
+                reference_solution=entry.get("answer"),
+                metadata={"dataset": name, "entry": entry, "config": kwargs},
+            )
+        )
+    return picked

@@ -98,8 +98,9 @@ def evaluate(
 
 def validation_metrics(
     engine: Engine, tasks: list[Task], ctx: EnvContext, *, seed: int, max_context: int, chat: str = "auto"
-) -> dict[str, float]:
-    """The loop's validation row: sampled pass@1 (2 per task), greedy pass@1, first-turn and per-domain."""
+) -> tuple[dict[str, float], dict[str, list[float]]]:
+    """The loop's validation row: sampled pass@1 (2 per task), greedy pass@1, first-turn and per-domain;
+    and {domain: each task's sampled pass@1} (what the domain monitor reads)."""
     kw = dict(max_context=max_context, chat=chat)
     sampled = evaluate(engine, tasks, ctx, samples=2, seed=seed, **kw)
     greedy = evaluate(engine, tasks, ctx, greedy=True, **kw)
@@ -108,4 +109,7 @@ def validation_metrics(
         m["val/first_turn_pass@1"] = sampled.overall["first_turn_pass@1"]
     for domain, scores in sampled.per_domain.items():
         m[f"val/{domain}/pass@1"] = scores["pass@1"]
-    return m
+    per_task: dict[str, list[float]] = defaultdict(list)
+    for task in tasks:
+        per_task[task.domain].append(sampled.per_task[task.id] / sampled.samples)
+    return m, dict(per_task)

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import ast
 import inspect
+import random
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
 from tempering.algos import lookup
 from tempering.registry import load_callable
+from tempering.rewards.answers import marked_answer
 from tempering.rewards.guards import GUARDS, parse_quietly
 from tempering.types import Attempt, Episode, RewardResult, Task
 
@@ -63,8 +65,15 @@ def edge_cases(task: Task, attempt: Attempt) -> float:
     return sum(r.passed for _, r in pairs) / len(pairs)
 
 
+ANSWER_ENVS = frozenset({"answer", "reasoning_gym"})
+"""Environments whose action states an answer rather than a program."""
+
+
 def well_formed(task: Task, attempt: Attempt) -> float:
-    """Format reward: the completion ended on its own, parses, and defines the entry point."""
+    """Format reward: the completion ended on its own, parses, and defines the entry point; for an answer
+    task (`ANSWER_ENVS`), it ended on its own and marks its answer (`envs.answer.marked_answer`)."""
+    if task.env in ANSWER_ENVS:
+        return float(not attempt.truncated and marked_answer(attempt.completion))
     if attempt.truncated or task.language != "python":
         return 0.0 if attempt.truncated else 1.0
     tree = parse_quietly(attempt.program)
@@ -184,7 +193,11 @@ class RewardFunction:
         guard_kinds: list[str] | None = None,
         penalty: float = -1.0,
         step_fn: str | Callable | None = None,
+        control: str = "none",
     ):
+        if control not in ("none", "coin"):
+            raise ValueError(f"reward.control must be none or coin, got {control!r}")
+        self.control = control
         if weights is not None and not weights:
             raise ValueError("reward.weights is empty; name at least one component")
         self.weights = None if weights is None else dict(weights)
@@ -282,7 +295,7 @@ class RewardFunction:
             info.update(outcome=outcome, turn_rewards=turn_rewards)
             total = outcome + sum(turn_rewards) + sum(info.get("step_rewards") or ())
             results.append(RewardResult(score=total, components=components, info=info))
-        return results
+        return coin_flips(episodes, results) if self.control == "coin" else results
 
     def step_scores(self, episode: Episode) -> list[float]:
         """`step_fn(task, steps)`: the steps are the turns' actions, or a one-turn episode's lines."""
@@ -295,6 +308,24 @@ class RewardFunction:
         if len(scores) != len(steps):
             raise ValueError(f"step reward function returned {len(scores)} scores for {len(steps)} steps")
         return scores
+
+
+def coin_flips(episodes: list[Episode], results: list[RewardResult]) -> list[RewardResult]:
+    """`reward.control: coin`: each reward replaced by 1 with probability p, the mean of the real rewards
+    (clamped to [0, 1]), else 0; a draw depends only on the episode (policy version, group, position, task),
+    so a resumed run flips the same coins. The real components and total stay in `info["real"]`."""
+    p = min(max(sum(r.score for r in results) / max(1, len(results)), 0.0), 1.0)
+    out = []
+    for i, (e, r) in enumerate(zip(episodes, results)):
+        heads = float(random.Random(f"coin:{e.version}:{e.group_id}:{i}:{e.task.id}").random() < p)
+        info = r.info | {
+            "real": r.score,
+            "outcome": heads,
+            "turn_rewards": [0.0] * len(r.info["turn_rewards"]),
+            "step_rewards": None,
+        }
+        out.append(RewardResult(score=heads, components=r.components, info=info))
+    return out
 
 
 def final_attempt(episode: Episode) -> Attempt:

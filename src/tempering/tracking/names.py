@@ -29,6 +29,16 @@ METRICS: dict[str, Metric] = {
     "reward/<component>/mean": Metric(
         "", "Mean of one reward component before its weight (tests, format, improvement, success, step, ...)."
     ),
+    "monitor/alerts": Metric(
+        "domains",
+        "Mixture runs, validation rows: domains whose pass@1 fell past their interval (below their best), eval/monitor.py.",
+    ),
+    "monitor/<domain>/alert": Metric(
+        "", "1 in the validation row where that domain fell (absent otherwise)."
+    ),
+    "monitor/<domain>/weight": Metric(
+        "", "The domain's mixture weight after the monitor acted (validation rows of mixture runs)."
+    ),
     "reward/<domain>/mean": Metric("", "Mean reward of the step's episodes of one task domain."),
     "reward/hacking/<guard>": Metric(
         "fraction",

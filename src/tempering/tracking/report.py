@@ -283,6 +283,24 @@ def _samples_table(run_dir: Path, limit: int) -> str:
     )
 
 
+def _monitor_html(summary: dict[str, Any]) -> str:
+    """The domain monitor's alerts (a mixture run with periodic validation), or nothing."""
+    monitor = summary.get("monitor")
+    if not monitor:
+        return ""
+    rows = "".join(
+        f"<tr><td>{a['step']}</td><td>{html.escape(a['domain'])}</td><td>{a['pass@1']:.1%}</td>"
+        f"<td>{a['weight']:g}</td></tr>"
+        for a in monitor["alerts"]
+    )
+    head = "<tr><th>step</th><th>domain</th><th>validation pass@1</th><th>mixture weight after</th></tr>"
+    return (
+        f"<h2>Domain monitor</h2><p>{len(monitor['alerts'])} alert(s) over {monitor['validations']} "
+        f"validations: a domain whose pass@1 fell past its interval, and the weight it got.</p>"
+        + (f"<table>{head}{rows}</table>" if rows else "")
+    )
+
+
 def write_report(run_dir: Path, out: Path | None = None, samples: int = 12) -> Path:
     """Write RUN_DIR/report.html (or `out`) from metrics.jsonl, summary.json and the newest samples file."""
     rows = read_metrics(run_dir / "metrics.jsonl")
@@ -310,7 +328,7 @@ def write_report(run_dir: Path, out: Path | None = None, samples: int = 12) -> P
         f"<!doctype html><html><head><meta charset='utf-8'><title>tempering run {html.escape(run_dir.name)}"
         f"</title><style>{STYLE}</style></head><body><h1>tempering run: {html.escape(str(run_dir))}</h1>"
         f"<p>{len(rows)} RL steps recorded</p><h2>Held-out pass@1 per domain</h2>{_passk_table(summary)}"
-        f"<div class='grid'>{held_out_images}</div>"
+        f"<div class='grid'>{held_out_images}</div>{_monitor_html(summary)}"
         f"<h2>Training curves</h2><div class='grid'>{images or '<p>no RL steps yet</p>'}</div>"
         f"<h2>Sample completions</h2>{_samples_table(run_dir, samples)}"
         f"<h2>Summary</h2><table>{facts_html}</table></body></html>"

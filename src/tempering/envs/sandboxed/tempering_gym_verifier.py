@@ -26,6 +26,7 @@ import tokenize
 
 import reasoning_gym
 import sympy
+from reasoning_gym.dataset import ProceduralDataset
 from sympy.parsing.sympy_parser import parse_expr
 
 EXCLUDED = {"composite"}  # a mixer, not a task family (as in tempering.envs.gym)
@@ -121,6 +122,10 @@ def score(name, config_json, entry, answer):
     if dataset is None:
         dataset = _create(name, config)
     entry = restore(entry)
+    if type(dataset).score_answer is ProceduralDataset.score_answer:
+        # The base scorer gives len(oracle) / len(answer) to any answer that contains the oracle: "21" earns
+        # 0.5 on every GCD of 1 or 2. An answer listing candidates is not partly right: exact match only.
+        return float(isinstance(answer, str) and answer == entry["answer"])
     sys.addaudithook(guard)  # in this forked execution only; an audit hook cannot be removed
     _guarding = True
     value = dataset.score_answer(answer, entry)
