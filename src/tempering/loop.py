@@ -87,6 +87,8 @@ class RLTrainer:
                 self.pool.publish(step, self.state.policy)
             metrics |= rollout_metrics(rollout.episodes, rollout.rewards, batch) | rollout.metrics
             metrics |= staleness_metrics(step, batch.versions)
+            if self.state.monitor is not None:
+                self.state.monitor.record(metrics)
             if self.cfg.eval.every and step % self.cfg.eval.every == 0 and step < self.cfg.train.steps:
                 with timer("val"):
                     metrics |= self.validate(step)

@@ -168,8 +168,9 @@ def print_summary(console: Console, summary: dict[str, Any]) -> None:
             f"domain monitor: {len(monitor['alerts'])} alert(s) over {monitor['validations']} validations"
         )
         for a in monitor["alerts"]:
+            note = " (training reward held: check the reward)" if a.get("suspect") else ""
             console.print(
-                f"  step {a['step']}: {a['domain']} fell to {a['pass@1']:.1%}, weight {a['weight']:g}"
+                f"  step {a['step']}: {a['domain']} fell to {a['pass@1']:.1%}, weight {a['weight']:g}{note}"
             )
     console.print(f"wall time {summary['wall_time_s']:.0f} s")
     evaluated, planned = summary.get("rl_step_evaluated"), summary.get("rl_steps_planned")

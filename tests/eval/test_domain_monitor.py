@@ -37,6 +37,24 @@ def test_a_domain_that_falls_past_its_interval_is_alerted_and_drawn_more(mixture
     assert row["monitor/arithmetic/weight"] == 2.0 and "monitor/countdown/alert" not in row
 
 
+def test_a_fall_while_the_training_reward_holds_is_suspect_and_not_paid_more(mixture):
+    """The gcd case: pass@1 falls while the domain's reward stays up (an exploit the verifier pays). More
+    of its tasks would pay the exploit more: the alert is marked, the weight left alone."""
+    monitor = DomainMonitor(mixture, boost=2.0)
+    for _ in range(3):
+        monitor.record({"reward/arithmetic/mean": 0.2, "reward/countdown/mean": 0.4})
+    monitor.observe(10, {"arithmetic": scores(8), "countdown": scores(8)})
+    for _ in range(3):  # arithmetic's reward rises (0.2 -> 0.3), countdown's falls (0.4 -> 0.1)
+        monitor.record({"reward/arithmetic/mean": 0.3, "reward/countdown/mean": 0.1, "reward/tests/mean": 9})
+    hacked, neglected = monitor.observe(20, {"arithmetic": scores(0), "countdown": scores(0)})
+    assert (hacked.domain, hacked.suspect, hacked.weight) == ("arithmetic", True, 1.0)
+    assert (neglected.domain, neglected.suspect, neglected.weight) == ("countdown", False, 2.0)
+    assert "training reward held: check the reward" in hacked.line()
+    row = monitor.metrics([hacked, neglected])
+    assert row["monitor/arithmetic/suspect"] == 1.0 and "monitor/countdown/suspect" not in row
+    assert mixture.weights == {"arithmetic": 1.0, "countdown": 2.0}
+
+
 def test_a_domain_still_down_is_raised_again_up_to_the_cap_then_restored(mixture):
     monitor = DomainMonitor(mixture, boost=3.0)
     monitor.observe(1, {"arithmetic": scores(12)})
@@ -56,33 +74,37 @@ def test_boost_one_alerts_without_acting_and_below_one_is_refused(mixture):
 
 
 def test_a_resumed_monitor_and_mixture_act_as_the_uninterrupted_ones(mixture):
+    """Validation at odd steps; the checkpoint falls after step 2, mid-window (its reward recorded, not yet
+    validated). arithmetic falls at 3 while its reward rises (suspect), countdown at 5 with its reward."""
     train, _ = generate_answer_tasks(200, 0, seed=0)
-    script = [
-        {"arithmetic": scores(9), "countdown": scores(6)},
-        {"arithmetic": scores(0), "countdown": scores(7)},
-        {"arithmetic": scores(1), "countdown": scores(0)},
-        {"arithmetic": scores(10), "countdown": scores(1)},
-    ]
+    script = {
+        1: {"arithmetic": scores(9), "countdown": scores(6)},
+        3: {"arithmetic": scores(0), "countdown": scores(7)},
+        5: {"arithmetic": scores(10), "countdown": scores(0)},
+    }
 
     def run(sampler, monitor, steps):
         out = []
         for step in steps:
             out.append([t.id for t in sampler.next_batch(9)])
-            out.append([a.domain for a in monitor.observe(step, script[step])])
+            monitor.record({"reward/arithmetic/mean": 0.1 * step, "reward/countdown/mean": 0.5 - 0.1 * step})
+            if step in script:
+                out.append([(a.domain, a.suspect, a.weight) for a in monitor.observe(step, script[step])])
         return out
 
-    straight = run(mixture, DomainMonitor(mixture, 2.0), range(4))
+    straight = run(mixture, DomainMonitor(mixture, 2.0), range(6))
     first = MixtureSampler(train, {"arithmetic": 1.0, "countdown": 1.0}, seed=0)
     first_monitor = DomainMonitor(first, 2.0)
-    got = run(first, first_monitor, range(2))
+    got = run(first, first_monitor, range(3))
     sampler_state, monitor_state = json.loads(json.dumps([first.state_dict(), first_monitor.state_dict()]))
+    assert monitor_state["window"] and monitor_state["reward_at_best"]
     resumed = MixtureSampler(train, {"arithmetic": 1.0, "countdown": 1.0}, seed=0)
     resumed.load_state_dict(sampler_state)
     resumed_monitor = DomainMonitor(resumed, 2.0)
     resumed_monitor.load_state_dict(monitor_state)
-    got += run(resumed, resumed_monitor, range(2, 4))
+    got += run(resumed, resumed_monitor, range(3, 6))
     assert got == straight
-    assert ["arithmetic"] in straight and ["countdown"] in straight
+    assert [("arithmetic", True, 1.0)] in straight and [("countdown", False, 2.0)] in straight
 
 
 @pytest.mark.slow
@@ -103,6 +125,13 @@ def test_a_run_whose_validation_falls_reports_the_alert_and_raises_the_weight(tm
 
     calls: list[list[str]] = []
     monkeypatch.setattr(loop, "validation_metrics", scripted)
+    # its training reward falls with it (1.0 before the first validation, 0.0 after): a fall, not an exploit
+    real_record = DomainMonitor.record
+    monkeypatch.setattr(
+        DomainMonitor,
+        "record",
+        lambda self, m: real_record(self, m | {"reward/strings/mean": 0.0 if calls else 1.0}),
+    )
     lines: list[str] = []
     cfg = load_config(
         "configs/smoke.yaml",

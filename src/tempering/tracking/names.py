@@ -36,6 +36,10 @@ METRICS: dict[str, Metric] = {
     "monitor/<domain>/alert": Metric(
         "", "1 in the validation row where that domain fell (absent otherwise)."
     ),
+    "monitor/<domain>/suspect": Metric(
+        "",
+        "1 where that domain fell while its training reward held (a possible exploit: its weight is not raised).",
+    ),
     "monitor/<domain>/weight": Metric(
         "", "The domain's mixture weight after the monitor acted (validation rows of mixture runs)."
     ),

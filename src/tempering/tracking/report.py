@@ -290,10 +290,13 @@ def _monitor_html(summary: dict[str, Any]) -> str:
         return ""
     rows = "".join(
         f"<tr><td>{a['step']}</td><td>{html.escape(a['domain'])}</td><td>{a['pass@1']:.1%}</td>"
-        f"<td>{a['weight']:g}</td></tr>"
+        f"<td>{a['weight']:g}</td><td>{'yes' if a.get('suspect') else ''}</td></tr>"
         for a in monitor["alerts"]
     )
-    head = "<tr><th>step</th><th>domain</th><th>validation pass@1</th><th>mixture weight after</th></tr>"
+    head = (
+        "<tr><th>step</th><th>domain</th><th>validation pass@1</th><th>mixture weight after</th>"
+        "<th>training reward held (suspect)</th></tr>"
+    )
     return (
         f"<h2>Domain monitor</h2><p>{len(monitor['alerts'])} alert(s) over {monitor['validations']} "
         f"validations: a domain whose pass@1 fell past its interval, and the weight it got.</p>"
