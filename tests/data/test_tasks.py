@@ -67,3 +67,13 @@ def test_stage_split_holds_disjoint_functions(tasks):
     assert split_stages(train, 1.0, seed=3) == (train, train)  # 1.0: both stages see everything
     with pytest.raises(ValueError, match="leaves no tasks"):
         split_stages(train[:1], 0.5, seed=3)
+
+
+def test_the_validation_subset_takes_the_domains_in_turn():
+    from tempering.data.tasks import spread_over_domains
+    from tempering.types import Task
+
+    grouped = [Task(id=f"{d}{i}", domain=d, env="answer", prompt="?") for d in "ab" for i in range(3)]
+    grouped.append(Task(id="c0", domain="c", env="answer", prompt="?"))
+    assert [t.id for t in spread_over_domains(grouped, 5)] == ["a0", "b0", "c0", "a1", "b1"]
+    assert [t.id for t in spread_over_domains(grouped, 99)] == ["a0", "b0", "c0", "a1", "b1", "a2", "b2"]

@@ -12,6 +12,7 @@ A malformed record is reported as `FILE:ROW: what is wrong`, so a user can fix a
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 from collections.abc import Iterable, Iterator
@@ -183,10 +184,5 @@ def spread_over_domains(tasks: list[Task], n: int) -> list[Task]:
     by_domain: dict[str, list[Task]] = {}
     for task in tasks:
         by_domain.setdefault(task.domain, []).append(task)
-    out: list[Task] = []
-    queues = [list(reversed(v)) for v in by_domain.values()]
-    while len(out) < n and any(queues):
-        for queue in queues:
-            if queue and len(out) < n:
-                out.append(queue.pop())
-    return out
+    rounds = itertools.chain.from_iterable(itertools.zip_longest(*by_domain.values()))
+    return [t for t in rounds if t is not None][:n]

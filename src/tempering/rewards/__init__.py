@@ -71,7 +71,7 @@ ANSWER_ENVS = frozenset({"answer", "reasoning_gym"})
 
 def well_formed(task: Task, attempt: Attempt) -> float:
     """Format reward: the completion ended on its own, parses, and defines the entry point; for an answer
-    task (`ANSWER_ENVS`), it ended on its own and marks its answer (`envs.answer.marked_answer`)."""
+    task (`ANSWER_ENVS`), it ended on its own and marks its answer (`rewards.answers.marked_answer`)."""
     if task.env in ANSWER_ENVS:
         return float(not attempt.truncated and marked_answer(attempt.completion))
     if attempt.truncated or task.language != "python":
