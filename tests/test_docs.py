@@ -114,7 +114,7 @@ def test_a_family_placeholder_matches_one_path_segment():
 
 # Runs that between them switch on what adds metrics: a critic (gae), the KL in the reward and in the loss,
 # both mismatch corrections, dual clip, multi-turn episodes, asynchronous rollouts, validation, tool
-# episodes, DAPO's dynamic sampling.
+# episodes, DAPO's dynamic sampling, SFT's validation checks.
 RUNS = {
     "gae-async-multiturn": [
         "algo.estimator=gae",
@@ -128,7 +128,7 @@ RUNS = {
         "eval.every=1",
     ],
     "tools-kl-tis": ["data.generator=tools", "algo.kl_coef=0.05", "algo.correction=tis", "eval.every=1"],
-    "dapo": ["algo.dynamic_sampling=true", "sft.steps=20"],
+    "dapo": ["algo.dynamic_sampling=true", "sft.steps=20", "sft.stop_at=1.0", "sft.check_every=10"],
 }
 
 

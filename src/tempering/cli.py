@@ -54,7 +54,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_sft(args: argparse.Namespace) -> int:
-    from tempering.pipeline import base_model_dir, sft_stage
+    from tempering.start import base_model_dir, sft_stage
     from tempering.workspace import make_sandbox, prepare
 
     ws = prepare(_config(args), allow_config_change=args.allow_config_change)

@@ -160,6 +160,13 @@ class SFTSection(Section):
     repair_fraction: float = Field(0.0, ge=0.0, le=1.0)
     """Episodes: share of code SFT examples given as a repair transcript (a near-miss wrong attempt, its
     real feedback, then the reference; trained on the reference only)."""
+    stop_at: float | None = Field(None, gt=0.0, le=1.0)
+    """Stop at the first check where sampled pass@1 on SFT's validation tasks reaches this (`steps` is then
+    the most SFT runs; None = always `steps`): the model RL starts from is fixed by what it can do, not by
+    a step count, which the floats move. The validation tasks are `eval.val_tasks` training functions
+    held out from SFT's examples (RL may still sample them; the held-out set is untouched)."""
+    check_every: int = Field(25, ge=1)
+    """Steps between those checks (`stop_at`)."""
 
 
 class RolloutSection(Section):

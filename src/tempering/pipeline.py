@@ -13,8 +13,6 @@ from __future__ import annotations
 import gc
 import hashlib
 import json
-import os
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -27,157 +25,24 @@ from tempering.checkpoint import resolve_model
 from tempering.config import RunConfig
 from tempering.data import load_tasks
 from tempering.data.difficulty import family_rates, pick_per_family
-from tempering.envs import env_context, make_env
-from tempering.envs.tools import tool_declarations
+from tempering.envs import env_context
 from tempering.errors import CheckpointError, ConfigError, DiskFullError
 from tempering.eval.evaluate import evaluate
-from tempering.inference.chat import chat_format
 from tempering.inference.engine import SamplingParams, open_model
 from tempering.loop import RLTrainer
-from tempering.models.loading import (
-    build_tiny_model,
-    compute_dtype,
-    load_model,
-    load_tokenizer,
-    num_parameters,
-    resolve_device,
-    save_model,
-)
-from tempering.models.lora import is_adapter_dir
+from tempering.models.loading import compute_dtype, resolve_device
 from tempering.models.registry import prepare as prepare_model
-from tempering.models.tokenizer import train_tokenizer
 from tempering.roles import build_roles
 from tempering.runtime import configure
 from tempering.sandbox import Sandbox
+from tempering.start import base_model_dir, sft_stage
 from tempering.state import TrainState
 from tempering.summary import print_summary, write_summary
 from tempering.tracking import Tracker
-from tempering.training.sft import encode_transcript, run_sft
-from tempering.training.transcripts import transcript_text
 from tempering.types import Task
-from tempering.workspace import (
-    START_RECORD,
-    Workspace,
-    builtin_tasks,
-    make_sandbox,
-    prepare,
-    recorded_start,
-    write_json,
-)
+from tempering.workspace import Workspace, builtin_tasks, make_sandbox, prepare, write_json
 
 # ----------------------------------------------------------------------------------------- stages
-
-
-def base_model_dir(ws: Workspace, sandbox: Sandbox | None = None) -> Path:
-    """The starting model: `model.path`, a registry model (`model.name`, prepared once into the cache), or
-    the tiny default built (once) into RUN_DIR/base."""
-    cfg = ws.cfg
-    if cfg.model.path:  # a model directory, or a checkpoint or run directory (its newest model)
-        return start_model(ws)
-    if cfg.model.name:
-        return prepare_model(cfg.model.name, log=ws.log)
-    base = ws.run_dir / "base"
-    if not (base / "config.json").is_file():
-        # Prompts of every training task, solutions only of SFT tasks: RL never sees a reference solution.
-        sft_ids = {t.id for t in ws.sft_tasks}
-        texts = [transcript_text(t, tr) for t, tr in ws.transcripts(sandbox)]
-        texts += [t.prompt for t in ws.rl_tasks if t.id not in sft_ids]
-        tokenizer = train_tokenizer(texts, vocab_size=cfg.model.vocab_size)
-        m = cfg.model
-        model = build_tiny_model(
-            tokenizer,
-            hidden_size=m.hidden_size,
-            num_layers=m.num_layers,
-            num_heads=m.num_heads,
-            intermediate_size=m.intermediate_size,
-            max_length=m.max_length,
-            seed=cfg.run.seed,
-        )
-        tmp = ws.run_dir / "base.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        save_model(model, tokenizer, tmp)
-        shutil.rmtree(base, ignore_errors=True)
-        os.replace(tmp, base)
-        ws.log(
-            f"built tiny model: {num_parameters(model) / 1e6:.2f}M parameters, vocabulary {len(tokenizer)}"
-        )
-    return base
-
-
-def start_model(ws: Workspace) -> Path:
-    """`model.path`, resolved once when the run begins and recorded in RUN_DIR/start.json: a run or
-    checkpoint directory names its newest model at that moment, and a resumed run keeps that one (its KL
-    reference and its evaluation before RL must not move when the other run goes on). A LoRA adapter
-    directory (continuing a LoRA run) is merged into its base once, into RUN_DIR/start: this run's own
-    adapters then have a plain model as their base, which its checkpoints, export and serve can load."""
-    if (recorded := recorded_start(ws.run_dir, ws.cfg.model.path)) is not None:
-        return recorded
-    path = resolve_model(ws.cfg.model.path)
-    if is_adapter_dir(path):
-        merged = ws.run_dir / "start"
-        tmp = ws.run_dir / "start.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        save_model(load_model(path, dtype=ws.cfg.model.dtype), load_tokenizer(path), tmp)
-        shutil.rmtree(merged, ignore_errors=True)
-        os.replace(tmp, merged)
-        ws.log(f"start model: the adapters of {path} merged into their base, saved as {merged}")
-        path = merged
-    write_json(ws.run_dir / START_RECORD, {"model.path": ws.cfg.model.path, "resolved": str(path.resolve())})
-    return path.resolve()
-
-
-def sft_stage(ws: Workspace, start: Path, sandbox: Sandbox | None = None) -> Path:
-    """Supervised warm-up into RUN_DIR/sft/model (skipped when done, or when sft.steps is 0)."""
-    cfg = ws.cfg
-    if cfg.sft.steps <= 0:
-        return start
-    out = ws.run_dir / "sft"
-    done = out / "DONE.json"
-    if done.is_file():
-        return out / "model"
-    out.mkdir(exist_ok=True)
-    model = load_model(start, dtype=cfg.model.dtype, device=cfg.run.device)
-    tokenizer = load_tokenizer(start)
-    s = cfg.sft
-    began = time.perf_counter()
-    fmt = chat_format(tokenizer, cfg.env.chat_format)
-    ctx = env_context(
-        cfg, sandbox
-    )  # the prompt as an episode shows it (e.g. after env.options.code_instruction)
-    examples = [
-        encode_transcript(
-            fmt, make_env(t, ctx).reset(t), tr, tool_declarations(t) if t.env == "tool" else None
-        )
-        for t, tr in ws.transcripts(sandbox)
-    ]
-    with (out / "metrics.jsonl").open("w") as f:
-
-        def on_step(step: int, row: dict[str, float]) -> None:
-            f.write(json.dumps(row) + "\n")
-            if step % max(1, s.steps // 10) == 0 or step == s.steps:
-                ws.log(f"sft step {step}/{s.steps}  loss {row['sft/loss']:.3f}")
-
-        run_sft(
-            model,
-            tokenizer,
-            ws.sft_tasks,
-            steps=s.steps,
-            batch_size=s.batch_size,
-            lr=s.lr,
-            warmup_steps=s.warmup_steps,
-            schedule=s.schedule,
-            weight_decay=s.weight_decay,
-            seed=cfg.run.seed,
-            on_step=on_step,
-            examples=examples,
-        )
-    tmp = out / "model.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    save_model(model, tokenizer, tmp)
-    shutil.rmtree(out / "model", ignore_errors=True)
-    os.replace(tmp, out / "model")
-    write_json(done, {"steps": s.steps, "wall_time_s": time.perf_counter() - began})
-    return out / "model"
 
 
 def eval_key(ws: Workspace, model_dir: Path, step: int | None, tasks: list[Task]) -> dict[str, Any]:

@@ -46,6 +46,7 @@ def write_summary(
         "temperature": before["sampled"]["temperature"],
         "per_domain_before": {d: v["pass@1"] for d, v in before["sampled"]["per_domain"].items()},
         "per_domain_after": {d: v["pass@1"] for d, v in after["sampled"]["per_domain"].items()},
+        **({"sft_steps": json.loads(sft_done.read_text())["steps"]} if sft_done.is_file() else {}),
         "rl_steps": len(rows),
         "rl_step_evaluated": after.get("evaluated", {}).get("step"),
         "rl_steps_planned": ws.cfg.train.steps,

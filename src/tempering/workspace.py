@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,14 @@ from rich.console import Console
 from tempering import config_history
 from tempering.checkpoint import resolve_model
 from tempering.config import RunConfig
-from tempering.data import MixtureSampler, generate_tasks, load_tasks, save_tasks, split_stages
+from tempering.data import (
+    MixtureSampler,
+    generate_tasks,
+    hold_out_functions,
+    load_tasks,
+    save_tasks,
+    split_stages,
+)
 from tempering.data.difficulty import in_range, kept, load_pass_rates
 from tempering.envs import env_context, environment_class
 from tempering.errors import ConfigError, SandboxError
@@ -53,6 +60,8 @@ class Workspace:
     """`--allow-config-change`: a resumed run may change keys outside `config_history.MUTABLE`."""
     resume: Resume | None = None
     """Where RL resumes, found by `prepare(..., resume=True)` before it wrote anything."""
+    sft_val_tasks: list[Task] = field(default_factory=list)
+    """SFT's validation tasks (`sft.stop_at`): training functions held out from SFT's examples."""
     _transcripts: list[tuple[Task, Transcript]] | None = None
 
     def log(self, message: str) -> None:
@@ -99,6 +108,12 @@ def prepare(
         sft, rl = split_stages(train, cfg.data.sft_fraction, cfg.data.seed)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    sft_val: list[Task] = []
+    if cfg.sft.stop_at is not None and cfg.sft.steps > 0:
+        try:
+            sft, sft_val = hold_out_functions(sft, cfg.eval.val_tasks, cfg.data.seed)
+        except ValueError as e:
+            raise ConfigError(f"sft.stop_at: {e}") from None
     if cfg.data.mixture:
         try:
             MixtureSampler(rl, cfg.data.mixture, cfg.run.seed)
@@ -141,6 +156,7 @@ def prepare(
         benchmarks,
         allow_config_change=allow_config_change,
         resume=found,
+        sft_val_tasks=sft_val,
     )
 
 

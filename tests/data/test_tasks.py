@@ -77,3 +77,25 @@ def test_the_validation_subset_takes_the_domains_in_turn():
     grouped.append(Task(id="c0", domain="c", env="answer", prompt="?"))
     assert [t.id for t in spread_over_domains(grouped, 5)] == ["a0", "b0", "c0", "a1", "b1"]
     assert [t.id for t in spread_over_domains(grouped, 99)] == ["a0", "b0", "c0", "a1", "b1", "a2", "b2"]
+
+
+def test_validation_functions_are_held_out_of_the_rest():
+    from tempering.data import function_key, hold_out_functions
+    from tempering.types import Task
+
+    def task(i, body):  # three tasks of each function
+        return Task(
+            id=f"t{i}", domain="d", env="answer", prompt="?", metadata={"template": "add", "body": body}
+        )
+
+    tasks = [task(i, f"return x + {i % 10}") for i in range(30)]
+    rest, held = hold_out_functions(tasks, 4, seed=1)
+    held_keys = {function_key(t) for t in held}
+    assert len(held) == len(held_keys) == 4  # one task of each of 4 distinct functions
+    assert not held_keys & {function_key(t) for t in rest}
+    assert len(rest) == 30 - 4 * 3  # every task of a held-out function left the rest
+    assert hold_out_functions(tasks, 4, seed=1) == (rest, held)  # deterministic in the seed
+    assert hold_out_functions(tasks, 4, seed=2) != (rest, held)
+    assert len(hold_out_functions(tasks, 99, seed=1)[0]) == 3  # one function always stays for training
+    with pytest.raises(ValueError, match="needs 2 or more training functions, not 1"):
+        hold_out_functions(tasks[:1], 4, seed=1)

@@ -2,7 +2,7 @@
 
 from tempering.data.generators import DOMAINS, generate_tasks
 from tempering.data.sampler import MixtureSampler, TaskSampler
-from tempering.data.tasks import function_key, load_tasks, save_tasks, split_stages
+from tempering.data.tasks import function_key, hold_out_functions, load_tasks, save_tasks, split_stages
 
 __all__ = [
     "DOMAINS",
@@ -12,5 +12,6 @@ __all__ = [
     "load_tasks",
     "save_tasks",
     "split_stages",
+    "hold_out_functions",
     "function_key",
 ]

@@ -177,6 +177,26 @@ def split_stages(tasks: list[Task], sft_fraction: float, seed: int) -> tuple[lis
     return sft, rl
 
 
+def hold_out_functions(tasks: list[Task], n: int, seed: int) -> tuple[list[Task], list[Task]]:
+    """(the rest, `n` tasks of distinct functions drawn at random): every task of a drawn function leaves
+    the rest, so the `n` are functions the rest never shows (SFT's validation tasks)."""
+    keys = sorted({function_key(t) for t in tasks})
+    if len(keys) < 2:
+        raise ValueError(
+            f"holding out validation functions needs 2 or more training functions, not {len(keys)}"
+        )
+    held_keys = set(random.Random(f"held-out functions:{seed}").sample(keys, min(n, len(keys) - 1)))
+    held: dict[str, Task] = {}
+    rest: list[Task] = []
+    for task in tasks:
+        key = function_key(task)
+        if key not in held_keys:
+            rest.append(task)
+        else:
+            held.setdefault(key, task)  # a function's first task
+    return rest, list(held.values())
+
+
 def spread_over_domains(tasks: list[Task], n: int) -> list[Task]:
     """`n` tasks taken a domain at a time, in turn (domains in order of first appearance, each domain's tasks
     in their order): the validation subset, so a held-out list grouped by domain (reasoning-gym's) is

@@ -181,6 +181,10 @@ SFT_METRICS: dict[str, Metric] = {
     "sft/grad_norm": Metric("", "Gradient norm before clipping."),
     "sft/lr": Metric("", "Learning rate after the step."),
     "timing_s/step": Metric("s", "The SFT step."),
+    "sft/val/pass@1": Metric(
+        "fraction", "`sft.stop_at`'s check: sampled pass@1 (2 per task) on SFT's validation tasks."
+    ),
+    "sft/val/greedy_pass@1": Metric("fraction", "The same tasks, greedy."),
 }
 """RUN_DIR/sft/metrics.jsonl: one row per warm-up step, `step` plus these."""
 

@@ -108,11 +108,12 @@ def run_sft(
     weight_decay: float = 0.0,
     seed: int = 0,
     max_grad_norm: float = 1.0,
-    on_step: Callable[[int, dict[str, float]], None] | None = None,
+    on_step: Callable[[int, dict[str, float]], bool | None] | None = None,
     examples: list[tuple] | None = None,
 ) -> list[dict[str, float]]:
     """Train `steps` steps on length-grouped minibatches of reference completions (or of given `examples`,
-    see `collate_sft`); returns per-step metrics."""
+    see `collate_sft`), or until `on_step` (called after each step with its metrics) returns True; returns
+    per-step metrics."""
     examples = encode_examples(tokenizer, tasks) if examples is None else examples
     if not examples:
         raise ValueError("SFT needs tasks with a reference_solution; none of the training tasks has one")
@@ -145,6 +146,6 @@ def run_sft(
             "timing_s/step": time.perf_counter() - start,
         }
         history.append(row)
-        if on_step:
-            on_step(step, row)
+        if on_step and on_step(step, row):
+            break
     return history
