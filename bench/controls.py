@@ -2,13 +2,13 @@
 flip of the same mean (`reward.control: coin`) and with the format reward alone; a gain counts by how much
 it exceeds the controls'.
 
-    .venv/bin/python bench/controls.py CONFIG [--seeds 0 1 2] [--arms real coin format]
+    .venv/bin/python bench/controls.py CONFIG [--seeds 0 1 2] [--arms real coin format] [--same-steps]
                                        [--out runs/controls-NAME] [--record results/controls-NAME.json]
 
 For each seed the SFT stage (if the recipe has one) runs once and every arm starts RL from its model
 (`model.path`, `sft.steps=0`), so the arms differ in their reward only: same steps budget
-(`train.max_time_s`, `train.steps`), same held-out tasks and evaluation. A finished arm is reused (delete its
-directory to redo it). Printed per seed and arm: held-out sampled pass@1 before and after RL, the gain with
+(`train.max_time_s`, `train.steps`; with --same-steps the controls run exactly the real arm's RL steps), same
+held-out tasks and evaluation. A finished arm is reused (delete its directory to redo it). Printed per seed and arm: held-out sampled pass@1 before and after RL, the gain with
 its paired 95% interval, greedy, and each named benchmark's greedy pass@1; then the real arm's excess over
 each control - the mean over held-out tasks of (real after - control after), both arms starting from the
 same model and evaluation before, with its paired bootstrap interval over tasks.
@@ -51,15 +51,22 @@ def start_model(config: str, seed: int, out: Path) -> list[str]:
     return [f"model.path={sft / 'sft' / 'model'}", "sft.steps=0"]
 
 
-def run_arm(config: str, arm: str, seed: int, out: Path, start: list[str]) -> Path:
+def run_arm(config: str, arm: str, seed: int, out: Path, start: list[str], steps: list[str]) -> Path:
     run_dir = out / f"{arm}-s{seed}"
     if not (run_dir / "summary.json").is_file():
         reuse_eval_before(run_dir, out, seed)
         tempering(
-            "train", config, f"run.dir={run_dir}", f"run.seed={seed}", *start, *ARMS[arm],
+            "train", config, f"run.dir={run_dir}", f"run.seed={seed}", *start, *ARMS[arm], *steps,
             "tracking.progress=false",
         )  # fmt: skip
     return run_dir
+
+
+def same_steps(real: Path) -> list[str]:
+    """The controls' budget under --same-steps: the real arm's RL steps, whatever the clock says (a recipe
+    bounded by `train.max_time_s` runs fewer steps on a slower hour)."""
+    steps = json.loads((real / "summary.json").read_text())["rl_steps"]
+    return [f"train.steps={steps}", "train.max_time_s=null"]
 
 
 def per_task(run_dir: Path, name: str, kind: str = "sampled") -> dict[str, float]:
@@ -120,14 +127,22 @@ def main() -> None:
     parser.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS))
     parser.add_argument("--out", help="default runs/controls-<config name>")
     parser.add_argument("--record", metavar="PATH", help="also write the excess gains as a result record")
+    parser.add_argument(
+        "--same-steps",
+        action="store_true",
+        help="the controls run the real arm's RL steps (not the recipe's train.max_time_s)",
+    )
     args = parser.parse_args()
     name = Path(args.config).stem
     out = ROOT / (args.out or f"runs/controls-{name}")
     runs = {}
     for seed in args.seeds:
         start = start_model(args.config, seed, out)
-        for arm in args.arms:
-            runs[(arm, seed)] = run_arm(args.config, arm, seed, out, start)
+        steps: list[str] = []
+        for arm in sorted(args.arms, key=lambda a: a != "real"):  # the real arm first
+            runs[(arm, seed)] = run_arm(args.config, arm, seed, out, start, steps)
+            if arm == "real" and args.same_steps:
+                steps = same_steps(runs[(arm, seed)])
     text, figures = table(runs)
     print(text)
     if args.record and figures:
