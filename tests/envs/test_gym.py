@@ -2,6 +2,8 @@
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -34,6 +36,34 @@ def test_generation_is_deterministic_even_for_global_random_users():
     a, _ = gym_tasks(["list_functions", "chain_sum"], 2, 1, seed=3, max_prompt_chars=5000)
     b, _ = gym_tasks(["list_functions", "chain_sum"], 2, 1, seed=3, max_prompt_chars=5000)
     assert [t.prompt for t in a] == [t.prompt for t in b]
+
+
+def _tasks_in_a_process(hash_seed: str, call: str) -> list:
+    """The tasks `call` returns (train + held-out), in a fresh interpreter with PYTHONHASHSEED=hash_seed."""
+    code = (
+        "import json; from tempering.envs.gym import gym_tasks, _generate\n"
+        f"train, heldout = {call}\n"
+        "print('@@' + json.dumps([t.model_dump() for t in train + heldout]))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "PYTHONHASHSEED": hash_seed},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(next(line for line in done.stdout.splitlines() if line.startswith("@@"))[2:])
+
+
+def test_generators_that_iterate_over_sets_give_the_same_tasks_in_every_process():
+    names = ["isomorphic_strings", "ransom_note", "knight_swap"]
+    # In-process, those generators follow the process's string hashing (why the adapter uses a child)...
+    direct = f"_generate({names}, 3, 1, 0, {{}}, 5000)"
+    fixed = _tasks_in_a_process("0", direct)
+    assert _tasks_in_a_process("1", direct) != fixed
+    # ... and gym_tasks in a process with other hashing gets the tasks of PYTHONHASHSEED=0.
+    got = _tasks_in_a_process("1", f"gym_tasks({names}, 3, 1, seed=0, max_prompt_chars=5000)")
+    assert got == fixed and len(got) == 12 and {t["domain"] for t in got} == set(names)
 
 
 def test_gym_env_scores_the_answer_and_allows_retries():

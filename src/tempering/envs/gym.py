@@ -8,10 +8,10 @@ dataset's own verifier. What the adapter fixes (measured on reasoning-gym 0.1.25
 `game_of_life_halting`'s verifier gives full credit to any non-empty answer and is replaced by an exact
 match; the base scorer that 33 datasets keep (gcd, syllogism, course_schedule, ...) gives
 len(oracle) / len(answer) to any answer containing the oracle - a policy learned to answer "21" to every
-GCD - and scores exact matches only here; a verifier that raises on a malformed answer scores 0. Not fixed: five generators
-(isomorphic_strings, knight_swap, polynomial_multiplication, ransom_note, word_ladder) iterate over sets of
-strings, so their tasks depend on PYTHONHASHSEED; a run directory keeps the tasks it generated
-(RUN_DIR/data), so its resumes see the same ones - set PYTHONHASHSEED for identical sets across runs.
+GCD - and scores exact matches only here; a verifier that raises on a malformed answer scores 0. Five
+generators (`HASH_DEPENDENT`) iterate over sets of strings, so their tasks depend on the process's string
+hashing: they are generated in a child process with PYTHONHASHSEED=0, so every run (a control arm, another
+seed, a pass-rate survey) gets the same tasks for the same seed.
 
 Verifiers run in the sandbox, never in this process: several evaluate the answer as Python (`eval` in
 string_insertion, spiral_matrix, binary_matrix, n_queens; sympy's `parse_expr` in countdown, puzzle24,
@@ -50,6 +50,14 @@ from tempering.types import Task
 
 EXCLUDED = {"composite"}
 """Datasets that are not task families."""
+HASH_DEPENDENT = {
+    "isomorphic_strings",
+    "knight_swap",
+    "polynomial_multiplication",
+    "ransom_note",
+    "word_ladder",
+}
+"""Generators whose tasks depend on PYTHONHASHSEED (they iterate over sets of strings)."""
 HOST_CHECKED = {"game_of_life_halting"}
 """Datasets whose own verifier is replaced by the exact match written here (run in this process)."""
 VERIFIER_DIR = Path(__file__).with_name("sandboxed")
@@ -218,23 +226,57 @@ def gym_tasks(
         raise ValueError(
             f"unknown reasoning-gym dataset(s) {unknown}; e.g. {', '.join(gym_datasets()[:8])}, ..."
         )
+    args = [names, per_domain_train, per_domain_heldout, seed, config or {}, max_prompt_chars]
+    if sys.flags.hash_randomization and HASH_DEPENDENT & set(names):
+        return _generate_in_child(args)
+    return _generate(*args)
+
+
+def _generate(
+    names: list[str],
+    per_domain_train: int,
+    per_domain_heldout: int,
+    seed: int,
+    config: dict[str, dict[str, Any]],
+    max_prompt_chars: int,
+) -> tuple[list[Task], list[Task]]:
+    rg = _rg()
     train: list[Task] = []
     heldout: list[Task] = []
     # Some generators write scratch files into the working directory (temp_parameters.txt): not the user's.
     with tempfile.TemporaryDirectory(prefix="tempering-gym-") as scratch, contextlib.chdir(scratch):
         for name in names:
-            picked = _entries(
-                rg,
-                name,
-                (config or {}).get(name, {}),
-                per_domain_train + per_domain_heldout,
-                seed,
-                max_prompt_chars,
-            )
+            want = per_domain_train + per_domain_heldout
+            picked = _entries(rg, name, config.get(name, {}), want, seed, max_prompt_chars)
             cut = min(per_domain_train, max(1, len(picked) - per_domain_heldout)) if picked else 0
             train += picked[:cut]
             heldout += picked[cut:]
     return train, heldout
+
+
+def _generate_in_child(args: list) -> tuple[list[Task], list[Task]]:
+    """`_generate(*args)` in a child process whose string hashing is fixed (PYTHONHASHSEED=0); the tasks
+    come back through a file (generators print to stdout)."""
+    with tempfile.TemporaryDirectory(prefix="tempering-gym-") as tmp:
+        out = Path(tmp) / "tasks.json"
+        code = "import sys; from tempering.envs.gym import _child; _child(sys.argv[1], sys.argv[2])"
+        done = subprocess.run(
+            [sys.executable, "-c", code, json.dumps(args), str(out)],
+            env={**os.environ, "PYTHONHASHSEED": "0"},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        if done.returncode != 0 or not out.is_file():
+            last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            raise RuntimeError(f"reasoning-gym: generating tasks in a child process failed: {last}")
+        train, heldout = json.loads(out.read_text())
+    return [Task.model_validate(t) for t in train], [Task.model_validate(t) for t in heldout]
+
+
+def _child(args: str, out: str) -> None:
+    train, heldout = _generate(*json.loads(args))
+    Path(out).write_text(json.dumps([[t.model_dump() for t in train], [t.model_dump() for t in heldout]]))
 
 
 def _entries(
