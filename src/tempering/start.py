@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from tempering.checkpoint import resolve_model
-from tempering.envs import env_context, make_env
+from tempering.envs import EnvContext, env_context, make_env
 from tempering.envs.tools import tool_declarations
 from tempering.errors import ConfigError
 from tempering.eval.evaluate import validation_metrics
@@ -117,7 +117,7 @@ def sft_stage(ws: Workspace, start: Path, sandbox: Sandbox | None = None) -> Pat
         )
         for t, tr in ws.transcripts(sandbox)
     ]
-    check = sft_check(ws, model, tokenizer, sandbox) if ws.sft_val_tasks else None
+    check = sft_check(ws, model, tokenizer, ctx) if ws.sft_val_tasks else None
     ran = 0
     with (out / "metrics.jsonl").open("w") as f:
 
@@ -157,18 +157,18 @@ def sft_stage(ws: Workspace, start: Path, sandbox: Sandbox | None = None) -> Pat
     return out / "model"
 
 
-def sft_check(ws: Workspace, model, tokenizer, sandbox: Sandbox | None):
+def sft_check(ws: Workspace, model, tokenizer, ctx: EnvContext):
     """`sft.stop_at`'s check: the validation row (`eval.evaluate.validation_metrics`, sampled at
-    eval.temperature and greedy) of the model SFT is training, on SFT's validation tasks."""
+    eval.temperature and greedy) of the model SFT is training, on SFT's validation tasks. One engine over
+    the live weights; released after each check, as the RL loop releases its engine after an update, so the
+    next check samples the weights as they are then and the SFT steps between get the cache's memory."""
     cfg = ws.cfg
-    if sandbox is None:
+    if ctx.sandbox is None:
         raise ConfigError("sft.stop_at: SFT's validation runs the tasks' tests and needs a sandbox")
-    ctx = env_context(cfg, sandbox)
     sampling = SamplingParams(cfg.eval.temperature, 1.0, cfg.rollout.max_new_tokens)
-    dtype = compute_dtype(cfg.model.compute, cfg.run.device)
+    engine = make_engine(model, tokenizer, sampling, dtype=compute_dtype(cfg.model.compute, cfg.run.device))
 
     def check(step: int) -> dict[str, float]:
-        engine = make_engine(model, tokenizer, sampling, dtype=dtype)  # over the weights as they are now
         try:
             metrics, _ = validation_metrics(
                 engine,
@@ -179,6 +179,7 @@ def sft_check(ws: Workspace, model, tokenizer, sandbox: Sandbox | None):
                 chat=cfg.env.chat_format,
             )
         finally:
+            engine.release()
             model.train()
         return {f"sft/{k}": v for k, v in metrics.items() if k.count("/") == 1}
 

@@ -33,7 +33,7 @@ def test_sft_stops_at_the_first_check_that_reaches_the_target(tmp_path, monkeypa
     scripted = iter([0.0, 0.1, 0.4, 0.9])
     checked = []
 
-    def fake_check(ws, model, tokenizer, sandbox):
+    def fake_check(ws, model, tokenizer, ctx):
         def check(step):
             checked.append(step)
             return {"sft/val/pass@1": next(scripted), "sft/val/greedy_pass@1": 0.0}
