@@ -120,6 +120,7 @@ def main() -> None:
                 f"run.dir={run_dir}",
                 f"train.steps={args.steps}",
                 "eval.every=0",
+                "algo.guidance=none",  # the demo is about what the reward alone teaches
                 f"reward.weights={{{reward}: 1.0}}",
                 f"reward.guards={str(guards).lower()}",
                 f"reward.guard_kinds=[{guard}]",

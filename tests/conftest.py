@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from tempering.data import generate_tasks
+from tempering.data.tasks import sft_completion
 from tempering.models.loading import build_tiny_model, load_model, load_tokenizer, save_model
 from tempering.models.tokenizer import train_tokenizer
 from tempering.sandbox import LocalSandbox
 from tempering.training.optim import make_optimizer, make_scheduler
-from tempering.training.sft import sft_completion
 from tests.helpers.runs import tempering
 
 

@@ -78,6 +78,11 @@ class AlgoSection(Section):
     """DAPO: drop groups whose rewards are all equal and sample more tasks until the batch is full."""
     max_sampling_rounds: int = Field(3, ge=1)
     """DAPO: at most this many sampling rounds per step (the batch may stay short after them)."""
+    guidance: Literal["none", "reference"] = "none"
+    """Off-policy guidance (LUFFY): `reference` puts the task's reference solution in place of the last sample
+    of every group whose samples all failed, run and scored like a sample, with the policy's log-probs
+    (`rollout.guidance`). Single-turn tasks with a reference solution that fits `rollout.max_new_tokens`;
+    `train/guided_groups` counts them."""
     correction: Literal["none", "tis", "mis"] = "none"
     """Train/inference mismatch correction (`algos.correction`): the trainer recomputes pi_old and weights each
     token (or sequence) by pi_old / mu, truncated at `correction_cap` (tis), or rejects it above the cap (mis:

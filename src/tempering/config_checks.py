@@ -72,6 +72,12 @@ def _check_algo(cfg: RunConfig) -> None:
             raise ValueError(f"{key}: {e}") from None
     if a.loss_agg not in LOSS_AGGREGATIONS:
         raise ValueError(f"algo.loss_agg: unknown name '{a.loss_agg}'; valid: {', '.join(LOSS_AGGREGATIONS)}")
+    if a.guidance != "none" and (cfg.env.max_turns > 1 or cfg.agent.entry):
+        where = f"env.max_turns is {cfg.env.max_turns}" if cfg.env.max_turns > 1 else "agent.entry is set"
+        raise ValueError(
+            f"algo.guidance: '{a.guidance}' puts a reference solution into single-turn episodes of the "
+            f"built-in driver; {where}"
+        )
 
 
 def _environments(cfg: RunConfig) -> list[type[Environment]]:

@@ -157,12 +157,17 @@ class RLTrainer:
                     [r.episodes[i] for i in rows],
                     [r.rewards[i] for i in rows],
                     r.batch.select(torch.tensor(rows, dtype=torch.long)),
+                    r.metrics,
                 )
             )
             if kept >= want:
                 break
         merged = merge_rollouts([p for p in parts if p.episodes] or parts[:1])
-        merged.metrics = {"dapo/kept_groups": kept, "dapo/dropped_groups": dropped, "dapo/rounds": round_ + 1}
+        merged.metrics |= {
+            "dapo/kept_groups": kept,
+            "dapo/dropped_groups": dropped,
+            "dapo/rounds": round_ + 1,
+        }
         return merged
 
     def score(self, batch: RolloutBatch, timer: Timer) -> dict[str, float]:

@@ -82,7 +82,7 @@ class Task(BaseModel):
     examples: list[TestCase] = []
     """The input/output examples shown in the prompt (used by the hard-coding guard)."""
     reference_solution: str | None = None
-    """A correct program; used by SFT and by checks, never by RL."""
+    """A correct program; used by SFT, by checks, and by RL only under `algo.guidance: reference`."""
     language: str = "python"
     """Language the completion is executed as."""
     env: str = "code"

@@ -48,6 +48,8 @@ def test_each_algorithm_recipe_trains(name, tmp_path):
         assert trained
     if name == "dapo":
         assert all("dapo/kept_groups" in r and r["dapo/rounds"] >= 1 for r in rows)
+        # every round's generation and reward time is the step's (they were lost with the rounds' merge)
+        assert all(r["timing_s/gen"] > 0 and r["timing_s/reward"] > 0 for r in rows)
     if name == "reinforce_pp":
         assert all("actor/reward_kl" in r for r in rows)
     summary = json.loads((run_dir / "summary.json").read_text())

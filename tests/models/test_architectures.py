@@ -10,11 +10,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tempering.config import load_config
 from tempering.data import generate_tasks
+from tempering.data.tasks import sft_completion
 from tempering.inference.chat import chat_format, end_of_turn, stop_token_ids
 from tempering.inference.engine import LocalEngine, SamplingParams
 from tempering.models.loading import load_model, load_tokenizer
 from tempering.pipeline import train
-from tempering.training.sft import sft_completion
 from tests.helpers.architectures import FAMILIES, build
 
 QUICK = [

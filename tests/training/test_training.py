@@ -5,10 +5,11 @@ import pytest
 import torch
 
 from tempering.algos import ppo_clip_loss
+from tempering.data.tasks import sft_completion
 from tempering.inference.engine import LocalEngine, SamplingParams
 from tempering.models.forward import response_logprobs
 from tempering.training.optim import make_optimizer, make_scheduler
-from tempering.training.sft import encode_examples, run_sft, sft_completion
+from tempering.training.sft import encode_examples, run_sft
 from tempering.training.update import UpdateSettings, update_policy
 from tests.helpers.batches import make_batch
 

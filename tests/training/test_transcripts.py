@@ -1,9 +1,10 @@
 """SFT transcripts for episodes: what is trained on, and that the tokens are the rollout's."""
 
+from tempering.data.tasks import sft_completion
 from tempering.envs import EnvContext
 from tempering.envs.tool_tasks import generate_tool_tasks
 from tempering.inference.chat import chat_format
-from tempering.training.sft import encode_transcript, sft_completion
+from tempering.training.sft import encode_transcript
 from tempering.training.transcripts import sft_transcripts, transcript_text
 
 

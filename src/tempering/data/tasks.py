@@ -206,3 +206,18 @@ def spread_over_domains(tasks: list[Task], n: int) -> list[Task]:
         by_domain.setdefault(task.domain, []).append(task)
     rounds = itertools.chain.from_iterable(itertools.zip_longest(*by_domain.values()))
     return [t for t in rounds if t is not None][:n]
+
+
+def sft_completion(task: Task) -> str:
+    """The text the model should write after the prompt, derived from the reference solution.
+
+    If the reference repeats the prompt, the rest of it; if it repeats only the prompt's first line (the
+    `def` line of a function-synthesis task), the body after it; otherwise the whole reference.
+    """
+    ref = task.reference_solution or ""
+    if ref.startswith(task.prompt):
+        return ref[len(task.prompt) :]
+    first = task.prompt.split("\n", 1)[0]
+    if first and ref.startswith(first + "\n"):
+        return ref[len(first) + 1 :]
+    return ref

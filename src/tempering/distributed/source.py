@@ -14,6 +14,7 @@ from tempering.inference.engine import SamplingParams, make_engine
 from tempering.models.loading import compute_dtype
 from tempering.rewards import RewardFunction
 from tempering.rollout.batch import Rollout, collate
+from tempering.rollout.guidance import guide_failed_groups
 from tempering.sandbox import Sandbox
 from tempering.tracking import Timer
 
@@ -47,7 +48,7 @@ class RolloutSource:
         )
 
     def run(self, spec: ShardSpec) -> Rollout:
-        """The shard's episodes (plain records), rewarded and collated; its phase times in `metrics`."""
+        """The shard's episodes (plain records), rewarded and collated; its phase times in `timings`."""
         ro, env, timer = self.cfg.rollout, self.cfg.env, Timer()
         assert spec.version == self.engine.version, (
             f"shard of version {spec.version} on weights {self.engine.version}"
@@ -64,7 +65,19 @@ class RolloutSource:
             seed=spec.env_seed,
             first_task=spec.first_task,
         )
+        metrics = {}
+        if self.cfg.algo.guidance == "reference":
+            with timer("guide"):
+                episodes, guided = guide_failed_groups(
+                    self.engine,
+                    episodes,
+                    self.ctx,
+                    group_size=ro.group_size,
+                    max_context=env.max_context,
+                    chat=env.chat_format,
+                )
+            metrics["train/guided_groups"] = float(guided)
         with timer("reward"):
             rewards = self.reward_fn.score(episodes)
         batch = collate(episodes, rewards, self.tokenizer, group_offset=spec.round * ro.prompts_per_step)
-        return Rollout(episodes, rewards, batch, dict(timer.seconds))
+        return Rollout(episodes, rewards, batch, metrics, dict(timer.seconds))

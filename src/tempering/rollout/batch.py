@@ -179,21 +179,26 @@ class Rollout:
     rewards: list[RewardResult]
     batch: RolloutBatch
     metrics: dict[str, float] = field(default_factory=dict)
-    """DAPO's dynamic-sampling counts, when it is on."""
+    """Counts for the step's row: guidance's guided groups, DAPO's dynamic-sampling counts."""
     timings: dict[str, float] = field(default_factory=dict)
     """Seconds of its phases (`timing_s/gen`, `timing_s/reward`), wherever it ran."""
 
 
 def merge_rollouts(parts: list[Rollout]) -> Rollout:
-    """One rollout of several (a round's shards, DAPO's rounds): episodes and rows in order, times summed."""
-    timings: dict[str, float] = {}
-    for p in parts:
-        for k, v in p.timings.items():
-            timings[k] = timings.get(k, 0.0) + v
+    """One rollout of several (a round's shards, DAPO's rounds): episodes and rows in order, counts and
+    times summed."""
+
+    def total(name: str) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for p in parts:
+            for k, v in getattr(p, name).items():
+                out[k] = out.get(k, 0.0) + v
+        return out
+
     return Rollout(
         [e for p in parts for e in p.episodes],
         [x for p in parts for x in p.rewards],
         concat_batches([p.batch for p in parts]),
-        {k: v for p in parts for k, v in p.metrics.items()},
-        timings,
+        total("metrics"),
+        total("timings"),
     )

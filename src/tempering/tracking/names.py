@@ -50,6 +50,11 @@ METRICS: dict[str, Metric] = {
     ),
     "train/pass_rate": Metric("fraction", "Share of episodes whose final attempt passed."),
     "train/first_turn_pass_rate": Metric("fraction", "Share of episodes whose first attempt passed."),
+    "train/guided_groups": Metric(
+        "groups",
+        "Groups whose samples all failed that got the task's reference solution as their last sample "
+        "(`algo.guidance: reference`); pass rates and rewards count that sample.",
+    ),
     "num_turns/mean": Metric("turns", "Mean number of actions per episode."),
     "response_length/mean": Metric("tokens", "Mean number of policy tokens per episode."),
     "response_length/clip_ratio": Metric(
@@ -163,6 +168,7 @@ METRICS: dict[str, Metric] = {
     "timing_s/ref": Metric("s", "Reference-model log-probs (algo.kl_coef > 0)."),
     "timing_s/values": Metric("s", "Critic values of the batch (gae)."),
     "timing_s/recompute": Metric("s", "Recomputing pi_old for the mismatch correction."),
+    "timing_s/guide": Metric("s", "Reference guidance: running and scoring the reference rows."),
     "timing_s/adv": Metric("s", "The advantage estimator."),
     "timing_s/critic": Metric("s", "The critic update."),
     "timing_s/update": Metric("s", "The policy update."),

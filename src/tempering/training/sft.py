@@ -8,25 +8,11 @@ from collections.abc import Callable
 import torch
 
 from tempering.algos import masked_mean
+from tempering.data.tasks import sft_completion
 from tempering.inference.generation import encode_prompt, left_pad
 from tempering.models.forward import response_logprobs
 from tempering.training.optim import make_optimizer, make_scheduler
 from tempering.types import Task
-
-
-def sft_completion(task: Task) -> str:
-    """The text the model should write after the prompt, derived from the reference solution.
-
-    If the reference repeats the prompt, the rest of it; if it repeats only the prompt's first line (the
-    `def` line of a function-synthesis task), the body after it; otherwise the whole reference.
-    """
-    ref = task.reference_solution or ""
-    if ref.startswith(task.prompt):
-        return ref[len(task.prompt) :]
-    first = task.prompt.split("\n", 1)[0]
-    if first and ref.startswith(first + "\n"):
-        return ref[len(first) + 1 :]
-    return ref
 
 
 def encode_examples(tokenizer, tasks: list[Task]) -> list[tuple[list[int], list[int]]]:

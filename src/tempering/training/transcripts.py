@@ -14,10 +14,11 @@ import random
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
+from tempering.data.tasks import sft_completion
 from tempering.envs import EnvContext
 from tempering.envs.code import CodeEnv
 from tempering.envs.tools import reference_episode
-from tempering.training.sft import Transcript, sft_completion
+from tempering.training.sft import Transcript
 from tempering.types import Task
 
 
