@@ -23,7 +23,7 @@ from torch import Tensor
 from tempering.data.tasks import sft_completion
 from tempering.envs import EnvContext
 from tempering.inference.chat import chat_format
-from tempering.inference.generation import Generation, generation_of, left_pad
+from tempering.inference.generation import Generation, generation_of
 from tempering.rollout.episodes import run_episodes
 from tempering.types import Episode, Task
 
@@ -48,19 +48,12 @@ class ReplayEngine:
     ) -> Generation:
         """The completions (the sampling arguments do not apply), with the policy's log-probs."""
         assert len(contexts) == len(self.completions), "one completion per context"
-        pad = self.tokenizer.pad_token_id
-        prompt_ids, prompt_mask = left_pad(contexts, pad)
-        width = max(map(len, self.completions))
-        response_ids = torch.full((len(contexts), width), pad, dtype=torch.long)
-        attention = torch.zeros((len(contexts), width))
-        for i, ids in enumerate(self.completions):
-            response_ids[i, : len(ids)] = torch.tensor(ids)
-            attention[i, : len(ids)] = 1.0
-        logprobs = self.logprobs(prompt_ids, prompt_mask, response_ids, attention)
-        rows = [logprobs[i, : len(ids)].tolist() for i, ids in enumerate(self.completions)]
-        return generation_of(
-            self.tokenizer, contexts, self.completions, rows, set(self.stop_ids), self.version
+        gen = generation_of(
+            self.tokenizer, contexts, self.completions, None, set(self.stop_ids), self.version
         )
+        logprobs = self.logprobs(gen.prompt_ids, gen.prompt_mask, gen.response_ids, gen.response_mask)
+        gen.logprobs = logprobs * gen.response_mask
+        return gen
 
     def logprobs(
         self, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor, response_attention: Tensor
